@@ -1,0 +1,17 @@
+// The PrivateUse1 device allocator. It subclasses c10::DeviceAllocator because
+// torch.accelerator's memory APIs (memory_allocated, memory_stats, ...) reach the
+// backend only through that interface (c10/core/CachingDeviceAllocator.h).
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Storage.h>
+
+namespace openreg {
+
+c10::DeviceAllocator* device_allocator();
+
+// Grows or shrinks a device storage to `new_nbytes`, keeping its contents (as
+// resize_bytes_cpu does for CPU, but moving bytes with the runtime's memcpy).
+void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);
+
+} // namespace openreg

@@ -1,0 +1,62 @@
+#include "OpenRegDevice.h"
+
+#include <atomic>
+
+#include "OpenRegException.h"
+
+namespace openreg {
+namespace {
+std::atomic<bool> initialized{false};
+}
+
+void ensure_initialized() {
+  if (initialized.load(std::memory_order_acquire)) {
+    return;
+  }
+  const char* message = nullptr;
+  orError status = orInit(&message);
+  TORCH_CHECK(status == orError::Success, message);
+  initialized.store(true, std::memory_order_release);
+}
+
+bool is_initialized() {
+  return initialized.load(std::memory_order_acquire);
+}
+
+c10::DeviceIndex device_count() noexcept {
+  int count = 0;
+  // A malformed configuration reports zero devices here; ensure_initialized()
+  // is where it becomes an error with an explanation.
+  (void)orGetDeviceCount(&count);
+  return static_cast<c10::DeviceIndex>(count);
+}
+
+c10::DeviceIndex current_device() {
+  ensure_initialized();
+  int device = 0;
+  OPENREG_CHECK(orGetDevice(&device));
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  ensure_initialized();
+  const auto count = device_count();
+  TORCH_CHECK_INDEX(
+      index >= 0 && index < count,
+      "openreg device index ", static_cast<int>(index), " is out of range: this process has ",
+      static_cast<int>(count), " openreg device", count == 1 ? "" : "s", " (openreg:0 to openreg:",
+      static_cast<int>(count) - 1, "). Use a smaller index, or set OPENREG_DEVICE_COUNT before "
+      "starting Python to simulate more devices.");
+}
+
+void set_device(c10::DeviceIndex index) {
+  check_device_index(index);
+  OPENREG_CHECK(orSetDevice(index));
+}
+
+void synchronize(c10::DeviceIndex index) {
+  check_device_index(index);
+  OPENREG_CHECK(orDeviceSynchronize(index));
+}
+
+} // namespace openreg

@@ -1,0 +1,19 @@
+// Device bookkeeping shared by the guard, the hooks and the Python bindings:
+// the one place that validates device indices and the runtime configuration.
+#pragma once
+
+#include <c10/core/Device.h>
+
+namespace openreg {
+
+// Throws a c10::Error explaining a malformed OPENREG_DEVICE_COUNT; otherwise no-op.
+void ensure_initialized();
+bool is_initialized();
+c10::DeviceIndex device_count() noexcept;
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex index);
+// Throws IndexError-like c10::Error naming the valid range when out of range.
+void check_device_index(c10::DeviceIndex index);
+void synchronize(c10::DeviceIndex index);
+
+} // namespace openreg

@@ -1,0 +1,81 @@
+#include "OpenRegGenerator.h"
+
+#include <deque>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "OpenRegDevice.h"
+
+namespace openreg {
+
+OpenRegGeneratorImpl::OpenRegGeneratorImpl(c10::DeviceIndex device_index)
+    : c10::GeneratorImpl(
+          c10::Device(c10::DeviceType::PrivateUse1, device_index),
+          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      cpu_(at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val)) {}
+
+// The CPU generator's own mutex guards its state against CPU kernels drawing
+// from it concurrently; Python holds this generator's mutex_, not that one.
+void OpenRegGeneratorImpl::set_current_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  cpu_.set_current_seed(seed);
+}
+
+void OpenRegGeneratorImpl::set_offset(uint64_t offset) {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  cpu_.set_offset(offset);
+}
+
+uint64_t OpenRegGeneratorImpl::get_offset() const {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  return cpu_.get_offset();
+}
+
+uint64_t OpenRegGeneratorImpl::current_seed() const {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  return cpu_.current_seed();
+}
+
+uint64_t OpenRegGeneratorImpl::seed() {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  return cpu_.seed();
+}
+
+void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  cpu_.unsafeGetGeneratorImpl()->set_state(new_state);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> OpenRegGeneratorImpl::get_state() const {
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  return cpu_.unsafeGetGeneratorImpl()->get_state();
+}
+
+OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {
+  auto* copy = new OpenRegGeneratorImpl(device().index());
+  std::lock_guard<std::mutex> lock(cpu_.mutex());
+  copy->cpu_ = cpu_.clone();
+  return copy;
+}
+
+const at::Generator& default_generator(c10::DeviceIndex device_index) {
+  static std::once_flag once;
+  static std::deque<at::Generator> generators; // deque: references stay valid
+  std::call_once(once, [] {
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i) {
+      generators.emplace_back(at::make_generator<OpenRegGeneratorImpl>(i));
+    }
+  });
+  const c10::DeviceIndex index = device_index == -1 ? current_device() : device_index;
+  check_device_index(index);
+  return generators[index];
+}
+
+at::Generator new_generator(c10::DeviceIndex device_index) {
+  const c10::DeviceIndex index = device_index == -1 ? current_device() : device_index;
+  check_device_index(index);
+  return at::make_generator<OpenRegGeneratorImpl>(index);
+}
+
+} // namespace openreg

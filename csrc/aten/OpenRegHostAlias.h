@@ -1,0 +1,27 @@
+// Host aliases: CPU tensors that view the bytes of openreg tensors.
+//
+// The simulated device's memory is host memory, so a "device kernel" is a CPU
+// kernel run on a CPU tensor that aliases device memory. Copies, .item() and the
+// CPU fallback all go through these two functions; they are the single place
+// that decides how host code may reach device memory.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+namespace openreg {
+
+// A resizable CPU storage over the same bytes as `device_storage`; it keeps the
+// device memory alive for as long as it lives. If a CPU kernel resizes it, it
+// moves to fresh CPU memory and the device memory is left untouched.
+c10::Storage host_alias_storage(const c10::Storage& device_storage);
+
+// A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over
+// `host_storage` (from host_alias_storage(t.storage())).
+at::Tensor host_alias(const at::Tensor& t, const c10::Storage& host_storage);
+
+inline at::Tensor host_alias(const at::Tensor& t) {
+  return host_alias(t, host_alias_storage(t.storage()));
+}
+
+} // namespace openreg

@@ -1,0 +1,48 @@
+// Allocation kernels: empty.memory_format, empty_strided.
+// The generated wrapper has already set the device guard from `device`, so the
+// allocator allocates on the requested openreg device.
+#include <ATen/EmptyTensor.h>
+
+#include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegAllocator.h"
+
+namespace openreg::native {
+namespace {
+constexpr c10::DispatchKeySet kOpenRegKeys(c10::DispatchKey::PrivateUse1);
+
+void check_factory_options(std::optional<at::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK(
+      c10::layout_or_default(layout) == c10::Layout::Strided,
+      "openreg supports only strided tensors, got layout=", c10::layout_or_default(layout),
+      "; create the tensor on CPU for other layouts.");
+  TORCH_CHECK(
+      !c10::pinned_memory_or_default(pin_memory),
+      "Only dense CPU tensors can be pinned: drop pin_memory=True for openreg tensors.");
+}
+} // namespace
+
+at::Tensor empty_memory_format(
+    at::IntArrayRef size,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Layout> layout,
+    std::optional<at::Device> /*device*/,
+    std::optional<bool> pin_memory,
+    std::optional<at::MemoryFormat> memory_format) {
+  check_factory_options(layout, pin_memory);
+  return at::detail::empty_generic(
+      size, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(
+    at::IntArrayRef size,
+    at::IntArrayRef stride,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Layout> layout,
+    std::optional<at::Device> /*device*/,
+    std::optional<bool> pin_memory) {
+  check_factory_options(layout, pin_memory);
+  return at::detail::empty_strided_generic(
+      size, stride, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype));
+}
+
+} // namespace openreg::native

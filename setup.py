@@ -1,0 +1,53 @@
+"""Builds torch_openreg._C with torch.utils.cpp_extension.
+
+Before compiling, `python -m codegen` turns backend_functions.yaml into C++
+under build/generated (rewritten only when the yaml's output changes).
+"""
+
+import glob
+import os
+import subprocess
+import sys
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+GENERATED = os.path.join("build", "generated")
+
+
+def run_codegen() -> None:
+    cmd = [
+        sys.executable, "-m", "codegen",
+        "--source-yaml", "backend_functions.yaml",
+        "--output-dir", GENERATED,
+    ]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def sources() -> list[str]:
+    hand_written = sorted(glob.glob("csrc/**/*.cpp", recursive=True, root_dir=ROOT))
+    generated = [os.path.join(GENERATED, f) for f in ("RegisterOpenReg.cpp", "RegisterFallback.cpp")]
+    return hand_written + generated
+
+
+class BuildWithCodegen(BuildExtension):
+    def run(self) -> None:
+        run_codegen()
+        super().run()
+
+
+openmp = ["-fopenmp"]
+extension = CppExtension(
+    name="torch_openreg._C",
+    sources=sources(),
+    include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED)],
+    extra_compile_args={"cxx": ["-O2", *openmp]},
+    extra_link_args=openmp,
+)
+
+setup(
+    packages=find_packages(include=["torch_openreg", "torch_openreg.*"]),
+    ext_modules=[extension],
+    cmdclass={"build_ext": BuildWithCodegen.with_options(use_ninja=True)},
+)

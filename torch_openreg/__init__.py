@@ -1,0 +1,30 @@
+"""openreg: a simulated accelerator that PyTorch sees as the device ``openreg``.
+
+Importing this package (``import torch`` does it through the ``torch.backends``
+entry point) loads the C++ extension, which registers the operator kernels, the
+CPU fallback, the allocator, the device guard and the PrivateUse1 hooks; then it
+renames PrivateUse1 to ``openreg`` and installs ``torch.openreg``.
+"""
+
+import torch
+
+from torch_openreg import _C  # noqa: F401  (loading it registers the backend)
+
+# Raises a RuntimeError that explains a malformed OPENREG_DEVICE_COUNT.
+_C._init()
+
+torch.utils.rename_privateuse1_backend("openreg")
+
+from torch_openreg import openreg  # noqa: E402
+
+torch._register_device_module("openreg", openreg)
+# Tensor.openreg(), Tensor.is_openreg, Module.openreg(), UntypedStorage.openreg(), ...
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+__all__ = ["openreg"]
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing this module did the work."""
