@@ -125,6 +125,19 @@ def register_kernels(cfg: BackendConfig) -> str:
     impls = "\n".join(
         f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e)}));' for e in cfg.kernels
     )
+    math_bits = [e for e in cfg.kernels if e.handles_conj_neg]
+    fallthroughs = "".join(
+        f"""
+// These kernels resolve conjugate/negative views themselves; without the
+// fallthrough, the {key} fallback (ATen/native/MathBitsFallback.h) would
+// materialise their inputs with clone(), which copies through them again.
+TORCH_LIBRARY_IMPL(aten, {key}, m) {{
+"""
+        + "".join(f'  m.impl("{e.name}", torch::CppFunction::makeFallthrough());\n' for e in math_bits)
+        + "}\n"
+        for key in ("Conjugate", "Negative")
+        if math_bits
+    )
     return f"""{banner(cfg)}
 #include <ATen/DeviceGuard.h>
 #include <ATen/core/op_registration/adaption.h>
@@ -145,7 +158,7 @@ namespace {{
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
 {impls}
 }}
-
+{fallthroughs}
 }} // namespace at
 """
 

@@ -30,7 +30,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "fallback")
-KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check")
+KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg")
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
 BLOCKED_KEYS = ("op", "reason")
@@ -131,11 +131,11 @@ class _Reader:
         name = self.get(entry, "op", str, what, required=True).strip()
         f = self.natives.get(name)
         if f is None:
-            hint = _suggest(name, list(self.natives))
-            if not hint and "." not in name:
-                overloads = sorted(n for n in self.natives if n.split(".")[0] == name)
-                if overloads:
-                    hint = " Name an overload: " + ", ".join(overloads[:6]) + "."
+            overloads = sorted(n for n in self.natives if n.split(".")[0] == name)
+            if overloads:
+                hint = " Name an overload: " + ", ".join(overloads[:6]) + "."
+            else:
+                hint = _suggest(name, list(self.natives))
             raise YamlError(
                 self.key_loc(entry, "op"),
                 f"unknown operator '{name}': no such aten operator in torch's native_functions.yaml."
@@ -171,6 +171,7 @@ class _Reader:
                         what,
                         default=f.device_check == DeviceCheckType.ExactSame,
                     ),
+                    handles_conj_neg=self.get(entry, "handles_conj_neg", bool, what, default=False),
                     loc=self.loc(entry[LINE]),
                 )
             )

@@ -38,6 +38,9 @@ class KernelEntry:
     symint: bool  # the kernel takes SymInt (c10::SymIntArrayRef) rather than int
     device_guard: bool
     device_check: bool
+    # The kernel resolves conjugate/negative bits itself, so the Conjugate and
+    # Negative keys fall through to it instead of materialising its inputs.
+    handles_conj_neg: bool
     loc: Location
 
     @property

@@ -1,0 +1,14 @@
+import pytest
+import torch
+
+# `import torch` autoloads the backend when it is installed; importing it here
+# too keeps the suite runnable with TORCH_DEVICE_BACKEND_AUTOLOAD=0.
+import torch_openreg  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def _restore_current_device():
+    """Tests that switch the current device must not leak it into the next test."""
+    before = torch.openreg.current_device()
+    yield
+    torch.openreg.set_device(before)

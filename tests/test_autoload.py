@@ -1,0 +1,31 @@
+"""`import torch` loads the backend through the torch.backends entry point."""
+
+import os
+import subprocess
+import sys
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ, **env),
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_import_torch_alone_gives_an_openreg_device():
+    result = run("import torch; print(torch.randn(3, device='openreg').device)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "openreg:0"
+
+
+def test_autoload_can_be_disabled():
+    result = run(
+        "import sys, torch\n"
+        "assert 'torch_openreg' not in sys.modules\n"
+        "try:\n"
+        "    torch.empty(1, device='openreg')\n"
+        "except RuntimeError as e:\n"
+        "    print('refused')\n",
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "refused"

@@ -1,0 +1,107 @@
+"""Bad input: a clear Python exception that names the device or operator and
+says what to do, and the device keeps working afterwards."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+DEV = "openreg"
+
+
+def test_openreg_tensors_on_two_devices_are_rejected():
+    a = torch.ones(3, device="openreg:0")
+    b = torch.ones(3, device="openreg:1")
+    with pytest.raises(RuntimeError, match=r"same device.*openreg:0 and openreg:1"):
+        a + b
+    with pytest.raises(RuntimeError, match=r"same device.*openreg:0 and openreg:1"):
+        torch.cat([a, b])  # through the fallback
+    assert (a + a).sum().item() == 6
+
+
+def test_openreg_with_cpu_tensor_is_rejected_where_cuda_rejects_it():
+    a = torch.ones(3, device=DEV)
+    with pytest.raises(RuntimeError, match=r"same device.*openreg:0 and cpu"):
+        a + torch.ones(3)
+    with pytest.raises(RuntimeError, match=r"openreg:0 and cpu.*torch.cat|openreg:0 and cpu"):
+        torch.cat([a, torch.ones(3)])
+    with pytest.raises(RuntimeError, match=r"openreg:0 and cpu.*aten::where"):
+        torch.where(a > 0, a, torch.zeros(3))
+
+
+def test_zero_dim_cpu_tensor_is_accepted_like_a_scalar():
+    a = torch.ones(3, device=DEV)
+    assert (a * torch.tensor(2.0)).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_fallback_error_names_the_operator_and_argument():
+    a = torch.ones(3, device=DEV)
+    with pytest.raises(RuntimeError, match=r"aten::cat.*argument 'tensors'.*\.to\(\"openreg:0\"\)"):
+        torch.cat([a, torch.ones(3)])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.empty(2, device="openreg:5"),
+        lambda: torch.ones(2).to("openreg:2"),
+        lambda: torch.openreg.set_device(9),
+        lambda: torch.openreg.synchronize(3),
+    ],
+)
+def test_device_index_out_of_range(make):
+    with pytest.raises(IndexError, match=r"openreg device index \d is out of range.*2 openreg devices.*OPENREG_DEVICE_COUNT"):
+        make()
+    assert torch.ones(1, device=DEV).item() == 1
+
+
+def test_negative_device_index_rejected_by_torch():
+    with pytest.raises(RuntimeError, match="Device index must not be negative"):
+        torch.device("openreg", -2)
+
+
+def test_openreg_generator_with_cpu_tensors():
+    g = torch.Generator(device=DEV)
+    with pytest.raises(RuntimeError, match="openreg generator but runs on the CPU"):
+        torch.randn(3, generator=g)
+
+
+def test_pin_memory_is_refused_clearly():
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        torch.empty(2, device=DEV, pin_memory=True)
+
+
+def test_sparse_layout_is_refused_clearly():
+    # The dispatcher routes sparse layouts to the SparsePrivateUse1 key, which
+    # openreg does not implement; torch says so by name.
+    with pytest.raises(NotImplementedError, match="'Sparseopenreg' backend"):
+        torch.empty(2, device=DEV, layout=torch.sparse_coo)
+    assert torch.ones(1, device=DEV).item() == 1
+
+
+def _import_with(count: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OPENREG_DEVICE_COUNT=count)
+    return subprocess.run(
+        [sys.executable, "-c", "import torch; import torch_openreg"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.parametrize("count", ["abc", "0", "-1", "17", "2x"])
+def test_bad_device_count_is_an_error_at_import(count):
+    result = _import_with(count)
+    assert result.returncode == 1, result.stderr  # a Python exception, not a crash
+    assert f"OPENREG_DEVICE_COUNT='{count}' is not a whole number from 1 to 16" in result.stderr
+    assert "Traceback" in result.stderr
+
+
+def test_device_count_from_environment():
+    env = dict(os.environ, OPENREG_DEVICE_COUNT="4")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch, torch_openreg; print(torch.openreg.device_count()); "
+         "print(torch.ones(1, device='openreg:3').device)"],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()
+    assert out == ["4", "openreg:3"]

@@ -1,0 +1,237 @@
+"""Operators without an openreg kernel run through the CPU fallback: results
+equal CPU's, in-place and out= write device memory, views stay views."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+DEV = "openreg"
+
+
+def both(fn, *tensors):
+    """fn on CPU tensors and on openreg copies of them."""
+    return fn(*tensors), fn(*(t.to(DEV) for t in tensors))
+
+
+def check(fn, *tensors, **tol):
+    cpu, dev = both(fn, *tensors)
+    if isinstance(cpu, torch.Tensor):
+        cpu, dev = (cpu,), (dev,)
+    for c, d in zip(cpu, dev):
+        assert d.device.type == "openreg", f"result on {d.device}"
+        assert d.shape == c.shape and d.dtype == c.dtype
+        assert_close(d.cpu(), c, **tol)
+
+
+def test_matmul_family():
+    a, b = torch.randn(5, 4), torch.randn(4, 3)
+    check(torch.mm, a, b)
+    check(torch.matmul, torch.randn(2, 5, 4), torch.randn(4, 3))
+    check(lambda x, w, bias: torch.nn.functional.linear(x, w, bias), a, torch.randn(6, 4), torch.randn(6))
+    check(torch.bmm, torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+
+
+def test_elementwise_with_broadcast_and_promotion():
+    check(torch.add, torch.randn(3, 1), torch.randn(1, 4))
+    check(torch.mul, torch.arange(6).reshape(2, 3), torch.randn(3))
+    check(lambda x: x + 2.5, torch.arange(4))
+    check(lambda x: x * torch.tensor(3), torch.randn(4))  # 0-dim CPU operand
+
+
+def test_reductions():
+    x = torch.randn(4, 5)
+    check(torch.sum, x)
+    check(lambda t: t.mean(dim=1, keepdim=True), x)
+    check(lambda t: t.max(dim=0), x)
+    check(lambda t: t.std(dim=1), x)
+    check(torch.argmax, x)
+    check(lambda t: t.norm(), x)
+    check(lambda t: (t > 0).any(), x)
+
+
+@pytest.mark.parametrize("name", ["abs", "isnan", "isinf", "isfinite", "neg", "exp", "sign"])
+def test_out_of_place_unary_keeps_shape(name):
+    # at::native::cpu_fallback returns shape [0] for some of these (pytorch#165549).
+    x = torch.tensor([[-1.0, float("nan")], [float("inf"), 2.0]])
+    check(getattr(torch, name), x, equal_nan=True)
+
+
+def test_in_place_writes_device_memory():
+    cpu = torch.randn(3, 4)
+    dev = cpu.to(DEV)
+    ptr = dev.data_ptr()
+    cpu.mul_(2).add_(1).clamp_(min=0)
+    dev.mul_(2).add_(1).clamp_(min=0)
+    assert dev.data_ptr() == ptr
+    assert_close(dev.cpu(), cpu)
+
+
+def test_in_place_on_noncontiguous_view_updates_base():
+    cpu = torch.zeros(4, 6)
+    dev = cpu.to(DEV)
+    cpu[:, ::2].add_(torch.arange(3.0))
+    dev[:, ::2].add_(torch.arange(3.0, device=DEV))
+    assert_close(dev.cpu(), cpu)
+
+
+def test_out_argument_of_right_shape_is_written_in_place():
+    a, b = torch.randn(3), torch.randn(3)
+    out = torch.empty(3, device=DEV)
+    ptr = out.data_ptr()
+    result = torch.add(a.to(DEV), b.to(DEV), out=out)
+    assert result is out and out.data_ptr() == ptr
+    assert_close(out.cpu(), a + b)
+
+
+def test_out_argument_is_resized_like_cpu():
+    a = torch.randn(2, 3)
+    out = torch.empty(0, device=DEV)
+    torch.abs(a.to(DEV), out=out)
+    assert out.shape == (2, 3)
+    assert_close(out.cpu(), a.abs())
+
+
+def test_out_argument_with_wrong_dtype_errors_like_cpu():
+    a = torch.randn(3)
+    cpu_out = torch.empty(3, dtype=torch.int64)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.add(a, a, out=cpu_out)
+    with pytest.raises(RuntimeError) as dev_error:
+        torch.add(a.to(DEV), a.to(DEV), out=torch.empty(3, dtype=torch.int64, device=DEV))
+    assert str(dev_error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
+
+
+def test_indexing():
+    x = torch.randn(5, 4)
+    idx = torch.tensor([3, 0, 3])
+    check(lambda t: t[idx.to(t.device)], x)
+    check(lambda t: t[t > 0], x)
+    check(lambda t: t.index_select(0, idx.to(t.device)), x)
+    check(lambda t: t.gather(1, torch.zeros(5, 2, dtype=torch.long, device=t.device)), x)
+    check(lambda t: t[1:4, ::2], x)
+
+
+def test_indexing_with_cpu_indices_like_cuda():
+    x = torch.randn(5, 4)
+    idx = torch.tensor([4, 1])
+    dev = x.to(DEV)
+    assert_close(dev[idx].cpu(), x[idx])
+    dev[idx] = torch.tensor(0.0)
+    x[idx] = 0.0
+    assert_close(dev.cpu(), x)
+
+
+def test_index_put_and_masked_fill():
+    cpu = torch.zeros(4, 3)
+    dev = cpu.to(DEV)
+    cpu.index_put_((torch.tensor([0, 2]),), torch.tensor(7.0))
+    dev.index_put_((torch.tensor([0, 2], device=DEV),), torch.tensor(7.0, device=DEV))
+    assert_close(dev.cpu(), cpu)
+    check(lambda t: t.masked_fill(t > 0, -1.0), torch.randn(3, 3))
+
+
+def test_view_ops_through_fallback_alias_their_base():
+    dev = torch.zeros(6, device=DEV)
+    windows = dev.unfold(0, 2, 2)  # aten::unfold has no openreg kernel
+    assert windows._base is dev
+    windows.fill_(3)
+    assert dev.cpu().tolist() == [3.0] * 6
+    c = torch.zeros(3, dtype=torch.complex64, device=DEV)
+    real = torch.view_as_real(c)
+    real[:, 0] = 1
+    assert c.cpu().tolist() == [1 + 0j] * 3
+
+
+def test_tensor_list_ops():
+    xs = [torch.randn(2, 3) for _ in range(3)]
+    check(lambda *t: torch.cat(t, dim=1), *xs)
+    check(lambda *t: torch.stack(t), *xs)
+    cpu_parts, dev_parts = both(lambda t: t.split(2), torch.randn(5, 2))
+    assert len(dev_parts) == len(cpu_parts)
+    for c, d in zip(cpu_parts, dev_parts):
+        assert_close(d.cpu(), c)
+
+
+def test_foreach_in_place_updates_every_tensor():
+    cpu = [torch.randn(3), torch.randn(2, 2)]
+    dev = [t.to(DEV) for t in cpu]
+    torch._foreach_add_(cpu, 1.5)
+    torch._foreach_add_(dev, 1.5)
+    for c, d in zip(cpu, dev):
+        assert_close(d.cpu(), c)
+
+
+def test_multi_output_ops():
+    check(lambda t: torch.sort(t, dim=1), torch.randn(3, 5))
+    check(lambda t: torch.topk(t, 2), torch.randn(6))
+    check(lambda t: torch.aminmax(t), torch.randn(6))
+
+
+def test_factories_land_on_the_device():
+    for make in (
+        lambda d: torch.arange(5, device=d),
+        lambda d: torch.full((2, 2), 3.0, device=d),
+        lambda d: torch.zeros(3, device=d),
+        lambda d: torch.ones(2, dtype=torch.int32, device=d),
+        lambda d: torch.linspace(0, 1, 5, device=d),
+        lambda d: torch.eye(3, device=d),
+    ):
+        cpu, dev = make("cpu"), make(DEV)
+        assert dev.device.type == "openreg"
+        assert_close(dev.cpu(), cpu)
+    assert torch.zeros(2, device="openreg:1").device == torch.device("openreg:1")
+
+
+def test_random_ops_draw_from_the_device_generator():
+    torch.manual_seed(123)
+    a = torch.randn(8, device=DEV)
+    b = torch.rand(8, device=DEV)
+    p = torch.randperm(10, device=DEV)
+    torch.manual_seed(123)
+    assert_close(torch.randn(8, device=DEV).cpu(), a.cpu())
+    assert_close(torch.rand(8, device=DEV).cpu(), b.cpu())
+    assert_close(torch.randperm(10, device=DEV).cpu(), p.cpu())
+    # The device generator is separate from the CPU one.
+    torch.openreg.manual_seed(5)
+    torch.randn(4)
+    x = torch.randn(4, device=DEV)
+    torch.openreg.manual_seed(5)
+    assert_close(torch.randn(4, device=DEV).cpu(), x.cpu())
+
+
+def test_explicit_device_generator():
+    g = torch.Generator(device="openreg:1").manual_seed(7)
+    a = torch.randn(5, device="openreg:1", generator=g)
+    g.manual_seed(7)
+    b = torch.empty(5, device="openreg:1").normal_(generator=g)
+    assert_close(a.cpu(), b.cpu())
+
+
+def test_autograd_through_fallback_matches_cpu():
+    w_cpu = torch.randn(4, 3, requires_grad=True)
+    x = torch.randn(5, 4)
+    w_dev = w_cpu.detach().to(DEV).requires_grad_()
+    loss_cpu = torch.tanh(x @ w_cpu).pow(2).sum()
+    loss_dev = torch.tanh(x.to(DEV) @ w_dev).pow(2).sum()
+    loss_cpu.backward()
+    loss_dev.backward()
+    assert w_dev.grad.device.type == "openreg"
+    assert_close(w_dev.grad.cpu(), w_cpu.grad)
+
+
+def test_small_module_forward_matches_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(36, 2)
+    )
+    x = torch.randn(2, 3, 8, 8)
+    expected = model(x)
+    model.openreg()
+    assert_close(model(x.openreg()).cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_blocklisted_operator_raises_with_reason():
+    t = torch.ones(2, device=DEV)
+    with pytest.raises(NotImplementedError, match=r"aten::_pin_memory is blocked on openreg: pinned host memory"):
+        torch.ops.aten._pin_memory(t)
+    assert t.sum().item() == 2  # the device keeps working
