@@ -235,3 +235,20 @@ def test_blocklisted_operator_raises_with_reason():
     with pytest.raises(NotImplementedError, match=r"aten::_pin_memory is blocked on openreg: pinned host memory"):
         torch.ops.aten._pin_memory(t)
     assert t.sum().item() == 2  # the device keeps working
+
+
+def test_fallback_leaks_no_device_memory():
+    def work():
+        a = torch.randn(64, 64, device=DEV)
+        b = (a @ a).abs().sum(dim=0)  # fresh results
+        a.add_(1)  # in place
+        out = torch.empty(0, device=DEV)
+        torch.abs(a, out=out)  # out= resized
+        v = a.unfold(0, 8, 8)  # view through the fallback
+        return b.sum().item() + v.sum().item() + out.sum().item()
+
+    work()
+    baseline = torch.accelerator.memory_allocated(0)
+    for _ in range(50):
+        work()
+    assert torch.accelerator.memory_allocated(0) == baseline

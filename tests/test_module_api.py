@@ -143,3 +143,14 @@ def test_fork_after_init_marks_child_bad():
     data = os.read(r, 4096).decode()
     os.waitpid(pid, 0)
     assert "spawn" in data and "forked subprocess" in data
+
+
+def test_current_device_is_per_thread():
+    import threading
+
+    torch.openreg.set_device(1)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.openreg.current_device()))
+    thread.start()
+    thread.join()
+    assert seen == [0] and torch.openreg.current_device() == 1

@@ -240,3 +240,20 @@ def test_storage_resize_keeps_bytes():
     s.resize_(8)
     assert s.nbytes() == 8
     assert torch.empty(0, dtype=torch.uint8, device=DEV).set_(s)[:4].cpu().tolist() == [0, 1, 2, 3]
+
+
+def test_zero_size_copies_in_every_direction():
+    empty_cpu = torch.empty(0, 3)
+    dev = empty_cpu.to(DEV)
+    assert dev.shape == (0, 3) and dev.device.type == "openreg"
+    assert dev.to("openreg:1").shape == (0, 3)
+    assert dev.cpu().shape == (0, 3)
+
+
+def test_zero_size_views_and_resize():
+    t = torch.empty(0, device=DEV)
+    assert t.view(0, 5).shape == (0, 5)
+    assert t.as_strided((0, 2), (2, 1)).shape == (0, 2)
+    t.resize_(3)
+    t.fill_(1.5)
+    assert t.cpu().tolist() == [1.5, 1.5, 1.5]
