@@ -154,3 +154,16 @@ def test_current_device_is_per_thread():
     thread.start()
     thread.join()
     assert seen == [0] and torch.openreg.current_device() == 1
+
+
+def test_peak_and_accumulated_stats_reset_through_torch_accelerator():
+    t = torch.empty(4096, dtype=torch.uint8, device="openreg:1")
+    torch.accelerator.reset_peak_memory_stats(1)
+    peak = torch.accelerator.max_memory_allocated(1)
+    assert peak == torch.accelerator.memory_allocated(1) >= 4096
+    del t
+    assert torch.accelerator.max_memory_allocated(1) == peak  # peak survives the free
+    torch.accelerator.reset_peak_memory_stats(1)
+    assert torch.accelerator.max_memory_allocated(1) == torch.accelerator.memory_allocated(1)
+    torch.accelerator.reset_accumulated_memory_stats(1)
+    assert torch.accelerator.memory_stats(1)["allocation.all.allocated"] == 0

@@ -73,12 +73,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex_);
     auto& s = stats_[device];
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) {
-        stat.reset_accumulated();
-      }
-    }
+    for_each_stat(s, [](c10::CachingDeviceAllocator::Stat& stat) { stat.reset_accumulated(); });
     s.num_alloc_retries = 0;
     s.num_ooms = 0;
   }
@@ -86,13 +81,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override {
     check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& s = stats_[device];
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) {
-        stat.reset_peak();
-      }
-    }
+    for_each_stat(stats_[device], [](c10::CachingDeviceAllocator::Stat& stat) { stat.reset_peak(); });
   }
 
   void release(const Block& block) {
@@ -102,6 +91,16 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
 
  private:
   static void delete_block(void* ctx);
+
+  template <typename Fn>
+  static void for_each_stat(DeviceStats& s, Fn fn) {
+    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
+                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+      for (auto& stat : *array) {
+        fn(stat);
+      }
+    }
+  }
 
   void record(c10::DeviceIndex device, int64_t delta) {
     std::lock_guard<std::mutex> lock(mutex_);
