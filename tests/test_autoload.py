@@ -29,3 +29,10 @@ def test_autoload_can_be_disabled():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "refused"
+
+
+def test_bad_device_count_fails_import_torch_with_the_reason():
+    result = run("import torch", OPENREG_DEVICE_COUNT="abc")
+    assert result.returncode == 1
+    assert "OPENREG_DEVICE_COUNT='abc' is not a whole number from 1 to 16" in result.stderr
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in result.stderr  # torch's own hint
