@@ -228,6 +228,9 @@ class FallbackCall {
     if (!t.defined() || !t.is_cpu() || !device_) {
       return t;
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        t.layout() == c10::Layout::Strided, op_name(), " produced a ", t.layout(),
+        " tensor, but openreg supports only strided tensors: run this operator on CPU tensors.");
     if (auto it = alias_to_device_.find(t.unsafeGetTensorImpl()); it != alias_to_device_.end()) {
       return it->second; // the op returned an operand itself (in-place, out=)
     }

@@ -7,6 +7,7 @@
 #include "OpenRegDevice.h"
 #include "OpenRegGenerator.h"
 #include "OpenRegException.h"
+#include "OpenRegHostAllocator.h"
 
 namespace openreg {
 namespace {
@@ -67,13 +68,13 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
     return at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(attributes.device));
   }
 
-  bool isPinnedPtr(const void* /*data*/) const override {
-    return false; // no pinned host allocator yet
+  bool isPinnedPtr(const void* data) const override {
+    orPointerAttributes attributes;
+    return orPointerGetAttributes(&attributes, data) == orError::Success && attributes.is_pinned_host;
   }
 
   at::Allocator* getPinnedMemoryAllocator() const override {
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        false, "openreg has no pinned host memory yet: leave pin_memory off for openreg.");
+    return pinned_host_allocator();
   }
 
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {

@@ -16,7 +16,7 @@ constexpr size_t kAlignment = 64;
 
 struct Allocation {
   size_t size;
-  int device;
+  int device; // -1 for pinned host memory
 };
 
 struct DeviceTable {
@@ -132,7 +132,9 @@ orError orSetDevice(int device) {
   return orError::Success;
 }
 
-orError orMalloc(void** ptr, size_t size) {
+namespace {
+
+orError allocate(void** ptr, size_t size, int device) {
   if (ptr == nullptr) {
     return orError::InvalidValue;
   }
@@ -150,26 +152,44 @@ orError orMalloc(void** ptr, size_t size) {
   }
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    registry()[reinterpret_cast<uintptr_t>(p)] = Allocation{size, current_device};
+    registry()[reinterpret_cast<uintptr_t>(p)] = Allocation{size, device};
   }
   *ptr = p;
   return orError::Success;
 }
 
-orError orFree(void* ptr) {
+orError release(void* ptr, bool host) {
   if (ptr == nullptr) {
     return orError::Success;
   }
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto it = registry().find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == registry().end()) {
+    if (it == registry().end() || (it->second.device < 0) != host) {
       return orError::InvalidPointer;
     }
     registry().erase(it);
   }
   std::free(ptr);
   return orError::Success;
+}
+
+} // namespace
+
+orError orMalloc(void** ptr, size_t size) {
+  return allocate(ptr, size, current_device);
+}
+
+orError orFree(void* ptr) {
+  return release(ptr, /*host=*/false);
+}
+
+orError orMallocHost(void** ptr, size_t size) {
+  return allocate(ptr, size, /*device=*/-1);
+}
+
+orError orFreeHost(void* ptr) {
+  return release(ptr, /*host=*/true);
 }
 
 orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr) {
@@ -181,7 +201,8 @@ orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr)
   Allocation allocation{};
   std::lock_guard<std::mutex> lock(registry_mutex());
   if (lookup(reinterpret_cast<uintptr_t>(ptr), &base, &allocation)) {
-    attributes->is_device = true;
+    attributes->is_device = allocation.device >= 0;
+    attributes->is_pinned_host = allocation.device < 0;
     attributes->device = allocation.device;
     attributes->base = reinterpret_cast<void*>(base);
     attributes->size = allocation.size;
@@ -203,7 +224,8 @@ orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
     Allocation allocation{};
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto addr = reinterpret_cast<uintptr_t>(p);
-    return lookup(addr, &base, &allocation) && addr + n <= base + allocation.size;
+    return lookup(addr, &base, &allocation) && allocation.device >= 0 &&
+        addr + n <= base + allocation.size;
   };
   bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
   bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;

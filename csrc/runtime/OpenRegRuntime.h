@@ -23,8 +23,9 @@ enum class orError {
 enum class orMemcpyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
 
 struct orPointerAttributes {
-  bool is_device = false; // true when the pointer lies inside a device allocation
-  int device = -1;        // owning device, when is_device
+  bool is_device = false;      // true when the pointer lies inside a device allocation
+  bool is_pinned_host = false; // true when it lies inside page-locked host memory
+  int device = -1;             // owning device, when is_device
   void* base = nullptr;   // start of the owning allocation
   size_t size = 0;        // size of the owning allocation in bytes
 };
@@ -45,6 +46,9 @@ orError orSetDevice(int device);
 // Allocates `size` bytes on the current device. A zero-byte request yields nullptr.
 orError orMalloc(void** ptr, size_t size);
 orError orFree(void* ptr);
+// Page-locked ("pinned") host memory, the source and target of asynchronous copies.
+orError orMallocHost(void** ptr, size_t size);
+orError orFreeHost(void* ptr);
 orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
 orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr);
 // Waits for all work queued on `device`. Work is synchronous in this simulation,
