@@ -126,18 +126,20 @@ def register_kernels(cfg: BackendConfig) -> str:
         f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e)}));' for e in cfg.kernels
     )
     math_bits = [e for e in cfg.kernels if e.handles_conj_neg]
-    fallthroughs = "".join(
-        f"""
-// These kernels resolve conjugate/negative views themselves; without the
-// fallthrough, the {key} fallback (ATen/native/MathBitsFallback.h) would
-// materialise their inputs with clone(), which copies through them again.
-TORCH_LIBRARY_IMPL(aten, {key}, m) {{
-"""
-        + "".join(f'  m.impl("{e.name}", torch::CppFunction::makeFallthrough());\n' for e in math_bits)
-        + "}\n"
-        for key in ("Conjugate", "Negative")
-        if math_bits
-    )
+    fallthroughs = ""
+    if math_bits:
+        lines = "".join(
+            f'  m.impl("{e.name}", torch::CppFunction::makeFallthrough());\n' for e in math_bits
+        )
+        fallthroughs = (
+            "\n// These kernels resolve conjugate/negative views themselves; without the\n"
+            "// fallthroughs, the Conjugate and Negative fallbacks (ATen/native/MathBitsFallback.h)\n"
+            "// would materialise their inputs with clone(), which copies through them again.\n"
+            + "\n".join(
+                f"TORCH_LIBRARY_IMPL(aten, {key}, m) {{\n{lines}}}\n"
+                for key in ("Conjugate", "Negative")
+            )
+        )
     return f"""{banner(cfg)}
 #include <ATen/DeviceGuard.h>
 #include <ATen/core/op_registration/adaption.h>

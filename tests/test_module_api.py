@@ -1,6 +1,7 @@
 """torch.openreg mirrors torch.cuda; the generated Tensor/Module/Storage methods."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -146,8 +147,6 @@ def test_fork_after_init_marks_child_bad():
 
 
 def test_current_device_is_per_thread():
-    import threading
-
     torch.openreg.set_device(1)
     seen = []
     thread = threading.Thread(target=lambda: seen.append(torch.openreg.current_device()))

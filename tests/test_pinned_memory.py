@@ -1,5 +1,6 @@
 """Pinned host memory through the PrivateUse1 hooks."""
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -34,7 +35,5 @@ def test_dataloader_pin_memory():
 
 
 def test_pinning_a_device_tensor_is_refused():
-    import pytest
-
     with pytest.raises((RuntimeError, NotImplementedError), match="pinned"):
         torch.ones(2, device="openreg").pin_memory()

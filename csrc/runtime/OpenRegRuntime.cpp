@@ -14,9 +14,15 @@ namespace {
 // what ATen's CPU allocator gives, so vectorised CPU kernels run on it unchanged.
 constexpr size_t kAlignment = 64;
 
+constexpr int kPinnedHost = -1; // Allocation::device of pinned host memory
+
 struct Allocation {
   size_t size;
-  int device; // -1 for pinned host memory
+  int device; // owning device, or kPinnedHost
+
+  bool pinned_host() const {
+    return device == kPinnedHost;
+  }
 };
 
 struct DeviceTable {
@@ -165,7 +171,7 @@ orError release(void* ptr, bool host) {
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto it = registry().find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == registry().end() || (it->second.device < 0) != host) {
+    if (it == registry().end() || it->second.pinned_host() != host) {
       return orError::InvalidPointer;
     }
     registry().erase(it);
@@ -185,7 +191,7 @@ orError orFree(void* ptr) {
 }
 
 orError orMallocHost(void** ptr, size_t size) {
-  return allocate(ptr, size, /*device=*/-1);
+  return allocate(ptr, size, kPinnedHost);
 }
 
 orError orFreeHost(void* ptr) {
@@ -201,8 +207,8 @@ orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr)
   Allocation allocation{};
   std::lock_guard<std::mutex> lock(registry_mutex());
   if (lookup(reinterpret_cast<uintptr_t>(ptr), &base, &allocation)) {
-    attributes->is_device = allocation.device >= 0;
-    attributes->is_pinned_host = allocation.device < 0;
+    attributes->is_device = !allocation.pinned_host();
+    attributes->is_pinned_host = allocation.pinned_host();
     attributes->device = allocation.device;
     attributes->base = reinterpret_cast<void*>(base);
     attributes->size = allocation.size;
@@ -224,7 +230,7 @@ orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
     Allocation allocation{};
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto addr = reinterpret_cast<uintptr_t>(p);
-    return lookup(addr, &base, &allocation) && allocation.device >= 0 &&
+    return lookup(addr, &base, &allocation) && !allocation.pinned_host() &&
         addr + n <= base + allocation.size;
   };
   bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;

@@ -51,15 +51,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 // These kernels resolve conjugate/negative views themselves; without the
-// fallthrough, the Conjugate fallback (ATen/native/MathBitsFallback.h) would
-// materialise their inputs with clone(), which copies through them again.
+// fallthroughs, the Conjugate and Negative fallbacks (ATen/native/MathBitsFallback.h)
+// would materialise their inputs with clone(), which copies through them again.
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 
-// These kernels resolve conjugate/negative views themselves; without the
-// fallthrough, the Negative fallback (ATen/native/MathBitsFallback.h) would
-// materialise their inputs with clone(), which copies through them again.
 TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
