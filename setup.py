@@ -27,22 +27,30 @@ def run_codegen() -> None:
 
 def sources() -> list[str]:
     hand_written = sorted(glob.glob("csrc/**/*.cpp", recursive=True, root_dir=ROOT))
-    generated = [os.path.join(GENERATED, f) for f in ("RegisterOpenReg.cpp", "RegisterFallback.cpp")]
+    generated = sorted(glob.glob(os.path.join(GENERATED, "*.cpp"), root_dir=ROOT))
     return hand_written + generated
 
 
 class BuildWithCodegen(BuildExtension):
     def run(self) -> None:
         run_codegen()
+        # The generated files exist only now.
+        for ext in self.extensions:
+            ext.sources = sources()
         super().run()
 
 
 openmp = ["-fopenmp"]
+# libtorch is built with the AVX2 and AVX512 kernels, and DispatchStub's layout
+# depends on these macros (ATen/native/DispatchStub.h): code that calls or
+# registers a stub must see the same layout, or loading fails on an undefined
+# DispatchStubImpl::get_call_ptr.
+dispatch_stub_abi = ["-DHAVE_AVX2_CPU_DEFINITION", "-DHAVE_AVX512_CPU_DEFINITION"]
 extension = CppExtension(
     name="torch_openreg._C",
     sources=sources(),
     include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED)],
-    extra_compile_args={"cxx": ["-O2", *openmp]},
+    extra_compile_args={"cxx": ["-O2", *openmp, *dispatch_stub_abi]},
     extra_link_args=openmp,
 )
 

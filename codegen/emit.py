@@ -10,15 +10,22 @@ from __future__ import annotations
 import itertools
 import os
 
-from codegen.model import BackendConfig, KernelEntry, OpRef
+from codegen.emit_custom import kernel_entries, register_custom_ops
+from codegen.emit_structured import register_structured
+from codegen.model import NATIVE_HEADER, BackendConfig, KernelEntry, OpRef
 from torchgen.api.translate import translate
 from torchgen.api.types import DispatcherSignature, NativeSignature
 from torchgen.context import native_function_manager
 from torchgen.model import TensorOptionsArguments
 
-NATIVE_HEADER = "OpenRegNativeFunctions.h"
 REGISTER_KERNELS = "RegisterOpenReg.cpp"
+REGISTER_STRUCTURED = "RegisterStructured.cpp"
+REGISTER_STUBS = "RegisterStubs.cpp"
+REGISTER_CUSTOM_OPS = "RegisterCustomOps.cpp"
 REGISTER_FALLBACK = "RegisterFallback.cpp"
+# Every generated translation unit; setup.py compiles all of them (a file with
+# nothing to register is still written, so the list never changes).
+GENERATED_SOURCES = (REGISTER_KERNELS, REGISTER_STRUCTURED, REGISTER_STUBS, REGISTER_CUSTOM_OPS, REGISTER_FALLBACK)
 
 
 def banner(cfg: BackendConfig) -> str:
@@ -47,12 +54,24 @@ def kernel_signature(entry: KernelEntry) -> NativeSignature:
 
 def native_functions_header(cfg: BackendConfig) -> str:
     """Declarations of the hand-written kernels; the kernels include it, so a
-    kernel whose signature does not match its operator fails to compile."""
+    kernel whose signature does not match its operator or stub fails to compile."""
     decls = []
-    for entry in cfg.kernels:
+    entries = list(cfg.kernels) + [e for op in cfg.custom_ops for e in kernel_entries(op)]
+    for entry in entries:
         with native_function_manager(entry.func):
-            decls.append(f"// {entry.func.func}\n{kernel_signature(entry).decl(name=entry.kernel)};")
+            schema = entry.func.func if entry.func.namespace == "aten" else f"{entry.func.namespace}::{entry.func.func}"
+            decls.append(f"// {schema}\n{kernel_signature(entry).decl(name=entry.kernel)};")
+    for st in cfg.stubs:
+        # Declared with the stub's own function type, so the kernel's
+        # definition must have exactly the stub's parameters.
+        decls.append(
+            f"// DispatchStub {st.decl.qualified_name} ({st.decl.header})\n"
+            f"std::remove_pointer_t<decltype({st.decl.qualified_name})::FnPtr> {st.kernel};"
+        )
     body = "\n\n".join(decls)
+    stub_headers = "".join(f"#include <{h}>\n" for h in sorted({st.decl.header for st in cfg.stubs}))
+    if stub_headers:
+        stub_headers = "\n#include <type_traits>\n\n" + stub_headers
     return f"""{banner(cfg)}
 #pragma once
 
@@ -61,7 +80,7 @@ def native_functions_header(cfg: BackendConfig) -> str:
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/Storage.h>
-
+{stub_headers}
 namespace {cfg.cpp_namespace} {{
 
 {body}
@@ -89,7 +108,7 @@ def device_guard(entry: KernelEntry) -> str:
     return f"  const c10::OptionalDeviceGuard device_guard(at::device_of({tensor}));"
 
 
-def device_check(entry: KernelEntry) -> str:
+def device_check(entry: KernelEntry, name: str) -> str:
     """The exact-same-device check torchgen generates for in-tree backends
     (c10::impl::check_and_update_common_device), over the tensor arguments."""
     f = entry.func
@@ -101,20 +120,20 @@ def device_check(entry: KernelEntry) -> str:
     if not entry.device_check or not args:
         return "  // no device check"
     lines = ["  std::optional<c10::Device> common_device;"] + [
-        f'  c10::impl::check_and_update_common_device(common_device, {a}, "{wrapper_name(entry)}", "{a}");'
+        f'  c10::impl::check_and_update_common_device(common_device, {a}, "{name}", "{a}");'
         for a in args
     ]
     return "\n".join(lines)
 
 
-def wrapper(cfg: BackendConfig, entry: KernelEntry) -> str:
+def wrapper(cfg: BackendConfig, entry: KernelEntry, name: str | None = None) -> str:
     with native_function_manager(entry.func):
         dispatcher = DispatcherSignature.from_schema(entry.func.func)
         exprs = translate(dispatcher.arguments(), kernel_signature(entry).arguments(), method=False)
         call = f"{cfg.cpp_namespace}::{entry.kernel}({', '.join(e.expr for e in exprs)})"
         return f"""// {entry.func.func}
-{dispatcher.defn(name=wrapper_name(entry))} {{
-{device_check(entry)}
+{dispatcher.defn(name=name or wrapper_name(entry))} {{
+{device_check(entry, name or wrapper_name(entry))}
 {device_guard(entry)}
   return {call};
 }}"""
@@ -236,10 +255,41 @@ using openreg::generated::blocked_kernel;
 {chr(10).join(s + chr(10) for s in sections)}"""
 
 
+# -- RegisterStubs.cpp --------------------------------------------------------------
+
+
+def register_stubs(cfg: BackendConfig) -> str:
+    """REGISTER_PRIVATEUSE1_DISPATCH names the stub's type unqualified
+    (ATen/native/DispatchStub.h), so each registration sits in its stub's namespace."""
+    by_namespace: dict[str, list[str]] = {}
+    for st in cfg.stubs:
+        by_namespace.setdefault(st.decl.namespace, []).append(
+            f"REGISTER_PRIVATEUSE1_DISPATCH({st.decl.name}, &::{cfg.cpp_namespace}::{st.kernel})"
+        )
+    blocks = "\n".join(
+        f"namespace {ns} {{\n" + "\n".join(regs) + f"\n}} // namespace {ns}\n"
+        for ns, regs in sorted(by_namespace.items())
+    )
+    if not blocks:
+        blocks = "// No stubs in the yaml.\n"
+    return f"""{banner(cfg)}
+// The kernels openreg gives torch's DispatchStubs: structured impl() functions
+// (and other native code) call `stub(device_type(), ...)`, which for an openreg
+// TensorIterator lands here.
+#include <ATen/native/DispatchStub.h>
+
+#include "{NATIVE_HEADER}"
+
+{blocks}"""
+
+
 def generate(cfg: BackendConfig) -> dict[str, str]:
     """All generated files by name."""
     return {
         NATIVE_HEADER: native_functions_header(cfg),
         REGISTER_KERNELS: register_kernels(cfg),
+        REGISTER_STRUCTURED: register_structured(cfg, banner(cfg)),
+        REGISTER_STUBS: register_stubs(cfg),
+        REGISTER_CUSTOM_OPS: register_custom_ops(cfg, banner(cfg), lambda e, n: wrapper(cfg, e, n)),
         REGISTER_FALLBACK: register_fallback(cfg),
     }

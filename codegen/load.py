@@ -14,14 +14,28 @@ import yaml
 
 from codegen.model import (
     BackendConfig,
+    CustomOp,
     FallbackPolicy,
     KernelEntry,
     Location,
+    NATIVE_HEADER,
     OpRef,
+    StructuredEntry,
+    StubEntry,
     YamlError,
 )
-from codegen.native import native_functions
-from torchgen.model import DeviceCheckType, NativeFunction
+from codegen.native import cpu_kernel, native_functions, structured_groups
+from codegen.sources import defined_functions
+from codegen.stubs import declared_stubs
+from torchgen.model import (
+    BaseTy,
+    BaseType,
+    DeviceCheckType,
+    NativeFunction,
+    OptionalType,
+    SchemaKind,
+)
+from torchgen.model import Location as TorchgenLocation
 
 LINE = "__line__"
 KEY_LINES = "__key_lines__"
@@ -29,10 +43,17 @@ KEY_LINES = "__key_lines__"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
-TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "fallback")
+TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "structured", "stubs", "custom_ops", "fallback")
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg")
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
+STRUCTURED_KEYS = ("op",)
+STUB_KEYS = ("stub", "kernel")
+CUSTOM_OP_KEYS = ("schema", "kernel", "meta", "backward")
+CUSTOM_NAMESPACE = "openreg"
+# Argument types a generated autograd function can keep for the backward besides
+# tensors (stored as IValues in AutogradContext::saved_data).
+_SAVABLE = {BaseTy.Scalar, BaseTy.int, BaseTy.SymInt, BaseTy.float, BaseTy.bool}
 BLOCKED_KEYS = ("op", "reason")
 
 
@@ -67,8 +88,9 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...], n: int = 3) -> str
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, csrc_dir: str | None) -> None:
         self.path = path
+        self.csrc_dir = csrc_dir
         self.natives = native_functions()
 
     def loc(self, line: int) -> Location:
@@ -143,6 +165,16 @@ class _Reader:
             )
         return f
 
+    def function_name(self, entry: dict[str, Any], key: str, what: str, required: bool = True) -> str:
+        name = self.get(entry, key, str, what, required=required)
+        if name is not None and not _IDENTIFIER.match(name):
+            raise YamlError(
+                self.key_loc(entry, key),
+                f"{key} '{name}' is not a C++ function name; give the bare name of a "
+                "function in cpp_namespace",
+            )
+        return name
+
     # -- sections ------------------------------------------------------------
 
     def kernels(self, top: dict[str, Any]) -> tuple[KernelEntry, ...]:
@@ -151,13 +183,7 @@ class _Reader:
             what = "a kernels entry"
             self.check_keys(entry, KERNEL_KEYS, what)
             f = self.operator(entry, what)
-            kernel = self.get(entry, "kernel", str, what, required=True)
-            if not _IDENTIFIER.match(kernel):
-                raise YamlError(
-                    self.key_loc(entry, "kernel"),
-                    f"kernel '{kernel}' is not a C++ function name; give the bare name of a "
-                    "function in cpp_namespace",
-                )
+            kernel = self.function_name(entry, "kernel", what)
             out.append(
                 KernelEntry(
                     func=f,
@@ -176,6 +202,194 @@ class _Reader:
                 )
             )
         return tuple(out)
+
+    def structured(self, top: dict[str, Any]) -> tuple[StructuredEntry, ...]:
+        out = []
+        groups = structured_groups()
+        for entry, _ in self.items(top, "structured", "the file"):
+            what = "a structured entry"
+            self.check_keys(entry, STRUCTURED_KEYS, what)
+            f = self.operator(entry, what)
+            name = str(f.func.name)
+            g = groups.get(name)
+            if g is None:
+                base = f.func.name.name.base
+                ours = sorted(n for n, gg in groups.items() if gg.root_name == f.root_name or n.split(".")[0] == base)
+                if f.structured_delegate is not None:
+                    hint = f" It delegates to the structured '{f.structured_delegate}': name that instead."
+                elif ours:
+                    hint = f" Structured operators named {base}: {', '.join(ours)}."
+                else:
+                    hint = f" No operator named {base} is structured: bind it under 'kernels' or let the fallback run it."
+                raise YamlError(
+                    self.key_loc(entry, "op"),
+                    f"'{name}' is not the out= operator of a structured group in torch's "
+                    f"native_functions.yaml.{hint}",
+                )
+            if g.mutable is not None:
+                raise YamlError(
+                    self.key_loc(entry, "op"),
+                    f"'{name}' has a mutable variant, which structured kernels do not support; bind it under 'kernels'",
+                )
+            kernel = cpu_kernel(g)
+            if kernel is None or not kernel.structured:
+                raise YamlError(
+                    self.key_loc(entry, "op"),
+                    f"'{name}' has no structured CPU kernel whose class openreg could reuse; bind it under 'kernels'",
+                )
+            out.append(StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE])))
+        return tuple(out)
+
+    def stubs(self, top: dict[str, Any]) -> tuple[StubEntry, ...]:
+        out = []
+        declared = declared_stubs()
+        for entry, _ in self.items(top, "stubs", "the file"):
+            what = "a stubs entry"
+            self.check_keys(entry, STUB_KEYS, what)
+            name = self.get(entry, "stub", str, what, required=True).strip()
+            decl = declared.get(name.split("::")[-1])
+            if decl is None:
+                raise YamlError(
+                    self.key_loc(entry, "stub"),
+                    f"unknown stub '{name}': no DECLARE_DISPATCH of that name in torch's headers "
+                    f"(torch/include/ATen/native).{_suggest(name, list(declared))} "
+                    "Give the stub's name as declared, e.g. 'neg_stub'.",
+                )
+            out.append(StubEntry(decl=decl, kernel=self.function_name(entry, "kernel", what), loc=self.loc(entry[LINE])))
+        return tuple(out)
+
+    def custom_ops(self, top: dict[str, Any]) -> tuple[CustomOp, ...]:
+        out = []
+        for entry, _ in self.items(top, "custom_ops", "the file"):
+            what = "a custom_ops entry"
+            self.check_keys(entry, CUSTOM_OP_KEYS, what)
+            schema = self.get(entry, "schema", str, what, required=True).strip()
+            loc = self.key_loc(entry, "schema")
+            if "::" in schema.split("(")[0]:
+                raise YamlError(
+                    loc,
+                    f"write the schema without a namespace: custom operators live in '{CUSTOM_NAMESPACE}::' "
+                    f"(e.g. 'my_op(Tensor self) -> Tensor')",
+                )
+            try:
+                func, _ = NativeFunction.from_yaml(
+                    {"func": f"{CUSTOM_NAMESPACE}::{schema}"}, TorchgenLocation(self.path, loc.line), set()
+                )
+            except Exception as e:  # torchgen reports schema errors as AssertionError/RuntimeError
+                raise YamlError(
+                    loc,
+                    f"invalid operator schema '{schema}': {str(e).splitlines()[0] if str(e) else type(e).__name__}. "
+                    "Write it as in native_functions.yaml, e.g. 'my_op(Tensor self, *, Scalar alpha=1) -> Tensor'",
+                ) from None
+            out.append(
+                CustomOp(
+                    func=func,
+                    kernel=self.function_name(entry, "kernel", what),
+                    meta=self.function_name(entry, "meta", what),
+                    backward=self.get(entry, "backward", str, what),
+                    loc=self.loc(entry[LINE]),
+                )
+            )
+        ops = tuple(out)
+        self.check_custom_ops(ops)
+        return ops
+
+    def check_custom_ops(self, ops: tuple[CustomOp, ...]) -> None:
+        by_name: dict[str, CustomOp] = {}
+        for op in ops:
+            key = str(op.name)
+            if key in by_name:
+                raise YamlError(
+                    op.loc, f"custom operator '{key}' is declared twice (also line {by_name[key].loc.line}); keep one"
+                )
+            by_name[key] = op
+        for op in ops:
+            if op.backward is not None:
+                self.check_backward(op, by_name)
+
+    def check_backward(self, op: CustomOp, by_name: dict[str, CustomOp]) -> None:
+        """The backward op's arguments are matched by name: `grad` is the
+        gradient of the result, `result` the forward's result, any other name a
+        forward argument; it returns one gradient per Tensor argument."""
+        schema = op.func.func
+        bwd = by_name.get(op.backward)
+        if bwd is None:
+            raise YamlError(
+                op.loc,
+                f"backward '{op.backward}' of '{op.name}' is not a custom operator in this file."
+                f"{_suggest(op.backward, list(by_name))} Declare it under custom_ops with its own schema.",
+            )
+        if schema.kind() is not SchemaKind.functional or len(schema.returns) != 1 or not schema.returns[0].type.is_tensor_like():
+            raise YamlError(
+                op.loc,
+                f"'{op.name}' has a backward, so it must be functional and return one Tensor; "
+                f"its schema returns ({', '.join(str(r.type) for r in schema.returns)})",
+            )
+        forward_args = {a.name: a for a in schema.arguments.flat_all}
+        for a in bwd.func.func.arguments.flat_all:
+            if a.name in ("grad", "result"):
+                if str(a.type) != "Tensor":
+                    raise YamlError(bwd.loc, f"argument '{a.name}' of backward '{bwd.name}' must be a Tensor")
+                continue
+            fa = forward_args.get(a.name)
+            if fa is None:
+                raise YamlError(
+                    bwd.loc,
+                    f"argument '{a.name}' of backward '{bwd.name}' is neither 'grad', 'result' nor an argument of "
+                    f"'{op.name}' ({', '.join(forward_args)}); the backward's arguments are matched by name",
+                )
+            if fa.type != a.type:
+                raise YamlError(
+                    bwd.loc,
+                    f"argument '{a.name}' of backward '{bwd.name}' is {a.type} but {fa.type} in '{op.name}'",
+                )
+            base = fa.type.elem if isinstance(fa.type, OptionalType) else fa.type
+            if not fa.type.is_tensor_like() and not (isinstance(base, BaseType) and base.name in _SAVABLE):
+                raise YamlError(
+                    bwd.loc,
+                    f"backward '{bwd.name}' needs '{a.name}' of type {fa.type}, which the generated autograd "
+                    "function cannot save; only Tensors and int, SymInt, float, bool and Scalar values (optional or not) can be saved",
+                )
+        tensors = [a for a in schema.arguments.flat_all if a.type.is_tensor_like()]
+        returns = bwd.func.func.returns
+        if len(returns) != len(tensors) or any(str(r.type) != "Tensor" for r in returns):
+            raise YamlError(
+                bwd.loc,
+                f"backward '{bwd.name}' must return one Tensor per Tensor argument of '{op.name}' "
+                f"({', '.join(a.name for a in tensors)}): {len(tensors)} Tensors, got "
+                f"({', '.join(str(r.type) for r in returns)})",
+            )
+
+    def check_definitions(self, cfg: BackendConfig) -> None:
+        """Every kernel the yaml names is defined under csrc/, and a stub
+        kernel's parameters have the stub's types."""
+        if self.csrc_dir is None:
+            return
+        defined = defined_functions(self.csrc_dir)
+        named: list[tuple[str, Location]] = [(k.kernel, k.loc) for k in cfg.kernels]
+        named += [(n, c.loc) for c in cfg.custom_ops for n in (c.kernel, c.meta)]
+        named += [(st.kernel, st.loc) for st in cfg.stubs]
+        for name, loc in named:
+            if name not in defined:
+                raise YamlError(
+                    loc,
+                    f"kernel '{name}' is not defined in any file under {self.csrc_dir}; write "
+                    f"'{name}' in namespace {cfg.cpp_namespace} (the generated {NATIVE_HEADER} declares it) "
+                    "or fix the name",
+                )
+        for st in cfg.stubs:
+            want = st.decl.params
+            if want is None:
+                continue
+            have = defined[st.kernel]
+            if tuple(want) not in have:
+                got = " or ".join("(" + ", ".join(p) + ")" for p in have)
+                raise YamlError(
+                    st.loc,
+                    f"kernel '{st.kernel}' cannot serve '{st.decl.name}': the stub's type {st.decl.fn_type} "
+                    f"({st.decl.header}) takes ({', '.join(want)}) but '{st.kernel}' takes {got}; "
+                    "give the kernel exactly the stub's parameter types",
+                )
 
     def op_refs(self, section: dict[str, Any], key: str, keys: tuple[str, ...], reason: bool) -> tuple[OpRef, ...]:
         out = []
@@ -220,8 +434,13 @@ class _Reader:
             cpp_namespace=namespace,
             kernels=self.kernels(top),
             fallback=self.fallback(top),
+            structured=self.structured(top),
+            stubs=self.stubs(top),
+            custom_ops=self.custom_ops(top),
+            custom_namespace=CUSTOM_NAMESPACE,
         )
         self.check_unique(cfg)
+        self.check_definitions(cfg)
         return cfg
 
     def check_unique(self, cfg: BackendConfig) -> None:
@@ -229,6 +448,7 @@ class _Reader:
         seen: dict[str, tuple[str, Location]] = {}
         groups: list[tuple[str, list[tuple[Any, Location]]]] = [
             ("kernels", [(k.name, k.loc) for k in cfg.kernels]),
+            ("structured", [(f.func.name, s.loc) for s in cfg.structured for f in s.functions()]),
             ("fallback.ops", [(r.name, r.loc) for r in cfg.fallback.ops]),
             ("fallback.blocklist", [(r.name, r.loc) for r in cfg.fallback.blocklist]),
         ]
@@ -243,6 +463,15 @@ class _Reader:
                         "an operator has one binding: remove one of the entries",
                     )
                 seen[key] = (section, loc)
+        stub_seen: dict[str, Location] = {}
+        for st in cfg.stubs:
+            if st.decl.name in stub_seen:
+                raise YamlError(
+                    st.loc,
+                    f"stub '{st.decl.name}' already has a kernel at line {stub_seen[st.decl.name].line}; "
+                    "a stub has one PrivateUse1 kernel",
+                )
+            stub_seen[st.decl.name] = st.loc
         cpu_seen: dict[str, Location] = {}
         for r in cfg.fallback.cpu_tensor_args:
             key = str(r.name)
@@ -273,7 +502,7 @@ def _kind_name(kind: type) -> str:
     )
 
 
-def load_text(text: str, path: str) -> BackendConfig:
+def load_text(text: str, path: str, csrc_dir: str | None = None) -> BackendConfig:
     """Parses and validates yaml text; `path` is used for locations only."""
     if not text.strip() or all(
         not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
@@ -291,13 +520,15 @@ def load_text(text: str, path: str) -> BackendConfig:
         raise YamlError(Location(path, line), f"invalid YAML: {e.problem or e}") from None
     except yaml.YAMLError as e:
         raise YamlError(Location(path, 1), f"invalid YAML: {e}") from None
-    return _Reader(path).config(data)
+    return _Reader(path, csrc_dir).config(data)
 
 
-def load(path: str) -> BackendConfig:
+def load(path: str, csrc_dir: str | None = None) -> BackendConfig:
+    """Reads and validates `path`. With `csrc_dir`, every kernel the yaml names
+    must be defined by a file under it."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise YamlError(Location(path, 0), f"cannot read the file: {e.strerror}") from None
-    return load_text(text, path)
+    return load_text(text, path, csrc_dir)

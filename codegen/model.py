@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchgen.model import NativeFunction, OperatorName
+from codegen.stubs import StubDecl
+from torchgen.model import BackendMetadata, NativeFunction, NativeFunctionsGroup, OperatorName
+
+
+# The generated header that declares every kernel the yaml names.
+NATIVE_HEADER = "OpenRegNativeFunctions.h"
 
 
 @dataclass(frozen=True)
@@ -70,17 +75,80 @@ class FallbackPolicy:
 
 
 @dataclass(frozen=True)
+class StructuredEntry:
+    """A structured group served by torch's own structured class: meta() checks
+    and computes the output, impl() calls DispatchStubs that reach openreg kernels."""
+
+    group: NativeFunctionsGroup
+    cpu_kernel: BackendMetadata  # names the exported class {cpp_namespace}::structured_{kernel}
+    loc: Location
+
+    @property
+    def name(self) -> OperatorName:
+        return self.group.out.func.name
+
+    @property
+    def parent_class(self) -> str:
+        return f"{self.cpu_kernel.cpp_namespace}::structured_{self.cpu_kernel.kernel}"
+
+    def functions(self) -> tuple[NativeFunction, ...]:
+        """The out=, functional and in-place operators, each given a wrapper."""
+        return tuple(self.group.functions())
+
+
+@dataclass(frozen=True)
+class StubEntry:
+    """A DispatchStub whose PrivateUse1 entry is an openreg kernel."""
+
+    decl: StubDecl
+    kernel: str  # function name inside BackendConfig.cpp_namespace
+    loc: Location
+
+
+@dataclass(frozen=True)
+class CustomOp:
+    """An operator in the `openreg` namespace, declared by its schema."""
+
+    func: NativeFunction  # parsed by torchgen from the schema
+    kernel: str  # PrivateUse1 kernel in cpp_namespace
+    meta: str  # Meta kernel in cpp_namespace: shapes and dtypes only, for FakeTensor
+    backward: str | None  # name of the custom op computing its input gradients
+    loc: Location
+
+    @property
+    def name(self) -> OperatorName:
+        return self.func.func.name
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     source: str  # the yaml path as given, named in generated headers
     cpp_namespace: str
     kernels: tuple[KernelEntry, ...]
     fallback: FallbackPolicy
+    structured: tuple[StructuredEntry, ...] = ()
+    stubs: tuple[StubEntry, ...] = ()
+    custom_ops: tuple[CustomOp, ...] = ()
+    custom_namespace: str = "openreg"
+
+    def custom_op(self, name: str) -> CustomOp | None:
+        return next((c for c in self.custom_ops if str(c.name) == name), None)
 
     def binding_of(self) -> dict[str, str]:
         """How each operator named in the yaml is bound, for --list."""
         bound: dict[str, str] = {}
         for k in self.kernels:
             bound[str(k.name)] = f"wrapper -> {self.cpp_namespace}::{k.kernel}"
+        for s in self.structured:
+            for f in s.functions():
+                bound[str(f.func.name)] = f"structured ({s.parent_class}, {f.func.kind().name})"
+        for st in self.stubs:
+            bound[f"stub {st.decl.qualified_name}"] = f"stub -> {self.cpp_namespace}::{st.kernel}"
+        for c in self.custom_ops:
+            autograd = f"backward {self.custom_namespace}::{c.backward}" if c.backward else "no derivative"
+            bound[f"{self.custom_namespace}::{c.name}"] = (
+                f"custom -> {self.cpp_namespace}::{c.kernel} (meta {c.meta}, {autograd})"
+            )
         for r in self.fallback.ops:
             bound[str(r.name)] = "fallback (per operator)"
         for r in self.fallback.blocklist:

@@ -6,8 +6,8 @@ import functools
 import os
 
 import torchgen
-from torchgen.gen import parse_native_yaml
-from torchgen.model import NativeFunction
+from torchgen.gen import get_grouped_native_functions, parse_native_yaml, ParsedYaml
+from torchgen.model import BackendMetadata, DispatchKey, NativeFunction, NativeFunctionsGroup
 
 
 def packaged_yaml_dir() -> str:
@@ -15,10 +15,29 @@ def packaged_yaml_dir() -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def parsed() -> ParsedYaml:
+    d = packaged_yaml_dir()
+    return parse_native_yaml(os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
 def native_functions() -> dict[str, NativeFunction]:
     """Every aten operator by its overload name, e.g. ``"add.Tensor"``."""
-    d = packaged_yaml_dir()
-    parsed = parse_native_yaml(
-        os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")
-    )
-    return {str(f.func.name): f for f in parsed.native_functions}
+    return {str(f.func.name): f for f in parsed().native_functions}
+
+
+@functools.lru_cache(maxsize=None)
+def structured_groups() -> dict[str, NativeFunctionsGroup]:
+    """Every structured group by the overload name of its out= operator (``"add.out"``)."""
+    return {
+        str(g.out.func.name): g
+        for g in get_grouped_native_functions(parsed().native_functions)
+        if isinstance(g, NativeFunctionsGroup) and g.structured
+    }
+
+
+def cpu_kernel(g: NativeFunctionsGroup) -> BackendMetadata | None:
+    """The in-tree CPU kernel of a structured group: its class
+    ``{cpp_namespace}::structured_{kernel}`` is exported by libtorch_cpu, and
+    its impl() reaches the device through DispatchStubs."""
+    return parsed().backend_indices[DispatchKey.CPU].get_kernel(g)

@@ -1,0 +1,177 @@
+"""RegisterCustomOps.cpp: the operators declared under `custom_ops`.
+
+For each operator: its schema in TORCH_LIBRARY(openreg), the PrivateUse1 kernel
+(behind a wrapper with device checks and a device guard), the Meta kernel
+FakeTensor and torch.compile trace with, and an AutogradPrivateUse1 kernel.
+That kernel is a torch::autograd::Function calling the operator's `backward`
+(itself a custom operator, so it runs on the device and traces the same way);
+without a backward it is torch's autogradNotImplementedFallback, so forward
+works and backward raises a clear error.
+"""
+
+from __future__ import annotations
+
+from codegen.model import BackendConfig, CustomOp, KernelEntry
+from torchgen.api.types import DispatcherSignature
+from torchgen.context import native_function_manager
+from torchgen.model import Argument
+
+
+def camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def kernel_entries(op: CustomOp) -> tuple[KernelEntry, KernelEntry]:
+    """The device kernel and the Meta kernel, as kernel entries: they get the
+    same declarations and wrappers as the aten kernels."""
+    device = KernelEntry(
+        func=op.func, kernel=op.kernel, symint=True, device_guard=True, device_check=True,
+        handles_conj_neg=False, loc=op.loc,
+    )
+    meta = KernelEntry(
+        func=op.func, kernel=op.meta, symint=True, device_guard=False, device_check=False,
+        handles_conj_neg=False, loc=op.loc,
+    )
+    return device, meta
+
+
+def typed_handle(cfg: BackendConfig, op: CustomOp, var: str) -> str:
+    sig = DispatcherSignature.from_schema(op.func.func)
+    return (
+        f"static const auto {var} = c10::Dispatcher::singleton()\n"
+        f'      .findSchemaOrThrow("{cfg.custom_namespace}::{op.name.name}", "{op.name.overload_name}")\n'
+        f"      .typed<{sig.type()}>();"
+    )
+
+
+def value_type(arg: Argument, cpp_type: str) -> str:
+    """The owning C++ type to read a saved non-tensor argument back as."""
+    return cpp_type.replace("const ", "").replace("&", "").strip()
+
+
+def autograd_function(cfg: BackendConfig, op: CustomOp) -> str:
+    bwd = cfg.custom_op(op.backward or "")
+    assert bwd is not None  # checked by the loader
+    name = f"{camel(str(op.name.name))}Function"
+    fwd_sig = DispatcherSignature.from_schema(op.func.func)
+    fwd_args = fwd_sig.arguments()
+    by_name = {b.name: b for b in fwd_args}
+    needed = [a.name for a in bwd.func.func.arguments.flat_all]
+    saved_tensors = [n for n in needed if n == "result" or (n in by_name and by_name[n].argument.type.is_tensor_like())]
+    saved_values = [n for n in needed if n in by_name and not by_name[n].argument.type.is_tensor_like()]
+
+    params = ", ".join(["torch::autograd::AutogradContext* ctx"] + [b.decl() for b in fwd_args])
+    forward_lines = [
+        typed_handle(cfg, op, "op"),
+        "at::Tensor result;",
+        "{",
+        "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
+        f"  result = op.call({', '.join(b.name for b in fwd_args)});",
+        "}",
+    ]
+    forward_lines += [f'ctx->saved_data["{n}"] = {n};' for n in saved_values]
+    forward_lines.append(f"ctx->save_for_backward({{{', '.join(saved_tensors)}}});")
+    forward_lines.append("return result;")
+
+    backward_lines = [typed_handle(cfg, bwd, "backward_op"), "const auto saved = ctx->get_saved_variables();"]
+    for i, n in enumerate(saved_tensors):
+        if n != "result" and by_name[n].argument.type.is_nullable():
+            backward_lines.append(
+                f"const std::optional<at::Tensor> {n} = saved[{i}].defined() ? std::optional<at::Tensor>(saved[{i}]) : std::nullopt;"
+            )
+        else:
+            backward_lines.append(f"const at::Tensor& {n} = saved[{i}];")
+    for n in saved_values:
+        cpp = value_type(by_name[n].argument, by_name[n].type)
+        backward_lines.append(f'const auto {n} = ctx->saved_data["{n}"].to<{cpp}>();')
+    backward_lines.append("const at::Tensor& grad = grad_outputs[0];")
+    call = f"backward_op.call({', '.join(needed)})"
+    tensor_args = [b for b in fwd_args if b.argument.type.is_tensor_like()]
+    if len(tensor_args) == 1:
+        backward_lines.append(f"const at::Tensor grad_{tensor_args[0].name} = {call};")
+    else:
+        backward_lines.append(f"const auto grads = {call};")
+        backward_lines += [
+            f"const at::Tensor& grad_{b.name} = std::get<{i}>(grads);" for i, b in enumerate(tensor_args)
+        ]
+    returned = [f"grad_{b.name}" if b.argument.type.is_tensor_like() else "at::Tensor()" for b in fwd_args]
+    backward_lines.append(f"return {{{', '.join(returned)}}};")
+
+    def block(lines: list[str]) -> str:
+        return "\n".join("    " + line.replace("\n", "\n    ") for line in lines)
+
+    return f"""// Autograd for {cfg.custom_namespace}::{op.name}: the gradients come from {cfg.custom_namespace}::{bwd.name}.
+struct {name} : public torch::autograd::Function<{name}> {{
+  static at::Tensor forward({params}) {{
+{block(forward_lines)}
+  }}
+
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_outputs) {{
+{block(backward_lines)}
+  }}
+}};
+
+{fwd_sig.defn(name=f"autograd_{op.name.name}")} {{
+  return {name}::apply({', '.join(b.name for b in fwd_args)});
+}}"""
+
+
+def register_custom_ops(cfg: BackendConfig, banner: str, wrapper) -> str:  # type: ignore[no-untyped-def]
+    """`wrapper(entry, name)` is the aten kernel wrapper emitter of emit.py."""
+    if not cfg.custom_ops:
+        return f"{banner}\n// No custom_ops in the yaml.\n"
+    ns = cfg.custom_namespace
+    defs, impls, metas, autograd, functions, wrappers = [], [], [], [], [], []
+    for op in cfg.custom_ops:
+        with native_function_manager(op.func):
+            device, meta = kernel_entries(op)
+            name = str(op.name)
+            wrappers.append(wrapper(device, f"wrapper_PrivateUse1_{op.name.name}"))
+            wrappers.append(wrapper(meta, f"wrapper_Meta_{op.name.name}"))
+            defs.append(f'  m.def("{op.func.func}", {{at::Tag::pt2_compliant_tag}});')
+            impls.append(f'  m.impl("{name}", TORCH_FN(wrapper_PrivateUse1_{op.name.name}));')
+            metas.append(f'  m.impl("{name}", TORCH_FN(wrapper_Meta_{op.name.name}));')
+            if op.backward:
+                functions.append(autograd_function(cfg, op))
+                autograd.append(f'  m.impl("{name}", TORCH_FN(autograd_{op.name.name}));')
+            else:
+                autograd.append(f'  m.impl("{name}", torch::autograd::autogradNotImplementedFallback());')
+    sections = "\n\n".join(wrappers + functions)
+    return f"""{banner}
+#include <ATen/DeviceGuard.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/adaption.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "OpenRegNativeFunctions.h"
+
+namespace at {{
+namespace {{
+
+{sections}
+
+}} // namespace
+
+TORCH_LIBRARY({ns}, m) {{
+{chr(10).join(defs)}
+}}
+
+TORCH_LIBRARY_IMPL({ns}, PrivateUse1, m) {{
+{chr(10).join(impls)}
+}}
+
+// Shapes and dtypes only: FakeTensor and torch.compile trace with these.
+TORCH_LIBRARY_IMPL({ns}, Meta, m) {{
+{chr(10).join(metas)}
+}}
+
+TORCH_LIBRARY_IMPL({ns}, AutogradPrivateUse1, m) {{
+{chr(10).join(autograd)}
+}}
+
+}} // namespace at
+"""

@@ -1,0 +1,262 @@
+"""RegisterStructured.cpp: PrivateUse1 wrappers for structured groups.
+
+torchgen's StructuredRegisterDispatchKey writes these for in-tree keys only
+(external backends get "Structured external backend functions are not
+implemented yet"), so this emitter writes them the same way for PrivateUse1:
+one class per functional / in-place / out= operator, derived from the in-tree
+`at::native::structured_<kernel>` that CPU registers. meta() checks the
+arguments and asks for the output through set_output_*; the class allocates it
+on the openreg device, or resizes / proxies / checks the tensor the caller gave;
+impl() then runs the CPU implementation, whose DispatchStubs reach the openreg
+kernels registered in RegisterStubs.cpp.
+
+Argument lists come from torchgen (`structured.meta_arguments`,
+`structured.impl_arguments`, `translate`), so precomputed arguments and
+SymInt conversions follow the schemas of the installed torch.
+"""
+
+from __future__ import annotations
+
+from codegen.model import BackendConfig, StructuredEntry
+from torchgen.api import structured
+from torchgen.api.translate import translate
+from torchgen.api.types import (
+    BaseCType,
+    Binding,
+    ConstRefCType,
+    Expr,
+    MutRefCType,
+    NamedCType,
+    NativeSignature,
+    tensorT,
+)
+from torchgen.context import native_function_manager
+from torchgen.model import NativeFunction, SchemaKind
+
+# Written after the helpers torchgen emits into every RegisterDispatchKey.cpp
+# (gen_registration_helpers); the allocation goes through the dispatcher to
+# openreg's empty_strided on the device the class's guard selected.
+HELPERS = """\
+at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  if (strides.empty()) {
+    return at::empty(sizes, options);
+  }
+  return at::empty_strided(sizes, strides, options);
+}
+
+// out= tensors: same dtype and device, resized if their shape differs; the
+// strides the meta function proposes are only applied to a resized tensor.
+void resize_out(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  TORCH_CHECK(options.dtype() == out.dtype(),
+      "Expected out tensor to have dtype ", options.dtype(), ", but got ", out.dtype(), " instead");
+  TORCH_CHECK(options.device() == out.device(),
+      "Expected out tensor to have device ", options.device(), ", but got ", out.device(), " instead");
+  const bool resized = at::native::resize_output(out, sizes);
+  if (resized) {
+    if (!strides.empty()) {
+      TORCH_INTERNAL_ASSERT(!options.memory_format_opt().has_value());
+      out.as_strided_(sizes, strides);
+    } else if (options.memory_format_opt().has_value()) {
+      out.unsafeGetTensorImpl()->empty_tensor_restride(*options.memory_format_opt());
+    }
+  }
+}
+
+// In-place: the result must fit self exactly.
+void check_inplace(const at::Tensor& self, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  TORCH_CHECK(options.dtype() == self.dtype(),
+      "Bad in-place call: input tensor dtype ", self.dtype(), " and output tensor dtype ", options.dtype(), " should match");
+  TORCH_CHECK(options.device() == self.device(),
+      "Bad in-place call: input tensor device ", self.device(), " and output tensor device ", options.device(), " should match");
+  TORCH_CHECK(sizes == self.sizes(),
+      "Bad in-place call: input tensor size ", self.sizes(), " and output tensor size ", sizes, " should match");
+}
+
+// A user tensor whose strides differ from the ones the kernel wants is written
+// through a temporary (the proxy) and copied back.
+std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  if (out.strides() != strides) {
+    return at::empty_strided(sizes, strides, options);
+  }
+  return std::nullopt;
+}
+"""
+
+GUARD = """\
+auto current_device = guard_.current_device();
+if (C10_UNLIKELY(current_device.has_value())) {
+  TORCH_INTERNAL_ASSERT(*current_device == options.device(),
+    "structured kernels don't support multi-device outputs");
+} else {
+  guard_.reset_device(options.device());
+}"""
+
+
+def indent(text: str, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + line if line else line for line in text.splitlines())
+
+
+def class_name(entry: StructuredEntry, kind: SchemaKind) -> str:
+    return f"structured_{entry.cpu_kernel.kernel}_{kind.name}"
+
+
+def set_output_body(kind: SchemaKind, proxy: bool) -> str:
+    if kind is SchemaKind.functional:
+        return f"{GUARD}\noutputs_[output_idx] = create_out(sizes, strides, options);"
+    check = "check_inplace(out, sizes, options);" if kind is SchemaKind.inplace else "resize_out(out, sizes, strides, options);"
+    body = f"{GUARD}\nconst auto& out = outputs_[output_idx].get();\n{check}"
+    if proxy:
+        body += (
+            "\nauto maybe_proxy = maybe_create_proxy(out, sizes, strides, options);"
+            "\nif (C10_UNLIKELY(maybe_proxy.has_value())) {"
+            "\n  proxy_outputs_[output_idx] = std::move(maybe_proxy).value();"
+            "\n}"
+        )
+    return body
+
+
+def gen_class(entry: StructuredEntry, f: NativeFunction) -> str:
+    kind = f.func.kind()
+    name = class_name(entry, kind)
+    parent = entry.parent_class
+    returns = len(f.func.returns)
+    super_call = (
+        f"\n  {parent}::set_output_raw_strided(output_idx, sizes, strides, options);"
+        if entry.group.out.structured_inherits is not None
+        else ""
+    )
+    setters = "\n".join(
+        f"""  void set_output_{which}(
+      int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
+      at::TensorOptions options) override {{
+{indent(set_output_body(kind, proxy), 4)}
+    // The parent's set_output comes last so that it sees the output through
+    // maybe_get_output.{indent(super_call, 2)}
+  }}"""
+        for which, proxy in (("strided", True), ("raw_strided", False))
+    )
+    if kind is SchemaKind.functional:
+        ctor = ""
+        fields = f"  std::array<at::Tensor, {returns}> outputs_;"
+        get = "outputs_[output_idx]"
+    else:
+        if kind is SchemaKind.inplace:
+            ctor = f"  explicit {name}(at::Tensor& self) : outputs_{{std::ref(self)}} {{}}\n"
+        else:
+            params = ", ".join(f"at::Tensor& out{i}" for i in range(returns))
+            refs = ", ".join(f"std::ref(out{i})" for i in range(returns))
+            explicit = "explicit " if returns == 1 else ""
+            ctor = f"  {explicit}{name}({params}) : outputs_{{{refs}}} {{}}\n"
+        fields = (
+            f"  std::array<std::reference_wrapper<at::Tensor>, {returns}> outputs_;\n"
+            f"  std::array<std::optional<at::Tensor>, {returns}> proxy_outputs_;"
+        )
+        get = "proxy_outputs_[output_idx].has_value() ? *proxy_outputs_[output_idx] : outputs_[output_idx].get()"
+    return f"""struct {name} final : public {parent} {{
+{ctor}{setters}
+  const at::Tensor& maybe_get_output(int64_t output_idx) override {{
+    return {get};
+  }}
+{fields}
+  c10::OptionalDeviceGuard guard_;
+}};"""
+
+
+def wrapper_signature(f: NativeFunction) -> NativeSignature:
+    # The in-tree structured kernels take int, not SymInt; the dispatcher
+    # converts when it calls a non-SymInt kernel.
+    return NativeSignature(f.func, prefix="wrapper_PrivateUse1_", symint=False)
+
+
+def gen_wrapper(entry: StructuredEntry, f: NativeFunction) -> str:
+    g = entry.group
+    kind = f.func.kind()
+    sig = wrapper_signature(f)
+    context: list[Binding | Expr] = list(sig.arguments())
+    body: list[str] = []
+    name = class_name(entry, kind)
+    if kind is SchemaKind.functional:
+        body.append(f"{name} op;")
+    elif kind is SchemaKind.inplace:
+        body.append(f"{name} op(self);")
+    else:
+        body.append(f"{name} op({', '.join(a.name for a in f.func.arguments.out)});")
+
+    meta_exprs = ", ".join(e.expr for e in translate(context, structured.meta_arguments(g), method=False))
+    if g.out.precomputed:
+        # meta() returns the precomputed values impl() takes in place of
+        # (or after) some arguments.
+        body.append(f"auto precompute = op.meta({meta_exprs});")
+        for elems in [*g.out.precomputed.replace.values(), g.out.precomputed.add]:
+            context.extend(
+                Expr(expr=f"precompute.{a.name}", type=structured.argument_type(a, binds=a.name))
+                for a in elems
+            )
+        body.append("(void)precompute;")
+    else:
+        body.append(f"op.meta({meta_exprs});")
+
+    for i, out_arg in enumerate(structured.out_arguments(g)):
+        assert out_arg.nctype.type == ConstRefCType(BaseCType(tensorT))
+        expr = f"op.maybe_get_output({i})" if kind is SchemaKind.out else f"op.outputs_[{i}]"
+        context.append(Expr(expr=expr, type=NamedCType(out_arg.nctype.name, MutRefCType(BaseCType(tensorT)))))
+    impl_exprs = ", ".join(e.expr for e in translate(context, structured.impl_arguments(g), method=False))
+    body.append(f"op.impl({impl_exprs});")
+
+    returns = len(f.func.returns)
+    if kind is not SchemaKind.functional:
+        body += [
+            f"if (op.proxy_outputs_[{i}].has_value()) {{\n  op.outputs_[{i}].get().copy_(*op.proxy_outputs_[{i}]);\n}}"
+            for i in range(returns)
+        ]
+    if kind is SchemaKind.functional:
+        moved = [f"std::move(op.outputs_[{i}])" for i in range(returns)]
+        ret = moved[0] if returns == 1 else f"std::make_tuple({', '.join(moved)})"
+    elif kind is SchemaKind.inplace:
+        ret = "self"
+    else:
+        outs = [a.name for a in f.func.arguments.out]
+        ret = outs[0] if returns == 1 else f"std::forward_as_tuple({', '.join(outs)})"
+    body.append(f"return {ret};")
+    return f"""// {f.func}
+{sig.defn()} {{
+{indent(chr(10).join(body), 2)}
+}}"""
+
+
+def register_structured(cfg: BackendConfig, banner: str) -> str:
+    blocks, impls, headers = [], [], set()
+    for entry in cfg.structured:
+        headers.add(f"ATen/ops/{entry.group.root_name}_native.h")
+        for f in entry.functions():
+            if f.func.kind() not in (SchemaKind.functional, SchemaKind.inplace, SchemaKind.out):
+                continue
+            with native_function_manager(f):
+                blocks.append(gen_class(entry, f) + "\n\n" + gen_wrapper(entry, f))
+                impls.append(f'  m.impl("{f.func.name}", TORCH_FN({wrapper_signature(f).name()}));')
+    includes = "".join(f"#include <{h}>\n" for h in sorted(headers))
+    body = "\n\n".join(blocks)
+    registrations = (
+        "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n" + "\n".join(impls) + "\n}\n" if impls else ""
+    )
+    helpers = HELPERS if blocks else ""
+    return f"""{banner}
+#include <ATen/DeviceGuard.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+{includes}
+namespace at {{
+namespace {{
+
+{helpers}
+{body}
+
+}} // namespace
+
+{registrations}
+}} // namespace at
+"""

@@ -1,0 +1,77 @@
+#include "aten/native/CpuStub.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+
+namespace openreg::native {
+namespace {
+
+// TensorIteratorBase keeps its operands protected and has no public way to
+// exchange one after build(); this accessor reaches them the way a derived
+// class may.
+struct IteratorAccess : at::TensorIteratorBase {
+  static at::OperandInfo& operand(at::TensorIteratorBase& iter, int64_t arg) {
+    return (iter.*(&IteratorAccess::operands_))[arg];
+  }
+};
+
+// A tensor with t's sizes and strides over fresh memory of `dtype` (holding
+// t's values cast when `copy`). Keeping the element strides means the
+// iterator's byte strides, already permuted and coalesced, only scale by the
+// item size. The fresh memory spans every element t can reach, so broadcast
+// (zero-stride) operands stay cheap.
+at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype, bool copy) {
+  int64_t extent = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) {
+      return at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype));
+    }
+    extent += (t.size(d) - 1) * t.stride(d);
+  }
+  at::Tensor flat = copy ? at::Tensor(t).as_strided({extent}, {1}).to(dtype)
+                         : at::empty({extent}, t.options().dtype(dtype));
+  return flat.as_strided(t.sizes(), t.strides());
+}
+
+} // namespace
+
+PromoteLikeCpu::PromoteLikeCpu(at::TensorIteratorBase& iter) {
+  const auto common = iter.maybe_common_dtype();
+  if (!common.has_value()) {
+    return;
+  }
+  for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter, arg);
+    const at::ScalarType dtype = op.current_dtype;
+    if (dtype == *common || !op.tensor_base().defined()) {
+      continue;
+    }
+    if (op.is_output && dtype == at::ScalarType::Bool) {
+      continue;
+    }
+    at::Tensor promoted =
+        recast_keeping_strides(op.tensor_base(), *common, /*copy=*/!op.is_output || op.is_read_write);
+    const int64_t old_size = c10::elementSize(dtype);
+    const int64_t new_size = c10::elementSize(*common);
+    for (auto& stride : op.stride_bytes) {
+      stride = stride / old_size * new_size;
+    }
+    op.data = promoted.data_ptr();
+    op.current_dtype = op.target_dtype = *common;
+    if (op.is_output) {
+      outputs_.emplace_back(at::Tensor(op.tensor_base()), std::move(promoted));
+    } else {
+      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(promoted)));
+    }
+  }
+}
+
+void PromoteLikeCpu::write_back() {
+  for (auto& [output, promoted] : outputs_) {
+    output.copy_(promoted);
+  }
+  outputs_.clear();
+}
+
+} // namespace openreg::native
