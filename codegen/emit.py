@@ -57,7 +57,12 @@ def native_functions_header(cfg: BackendConfig) -> str:
     kernel whose signature does not match its operator or stub fails to compile."""
     decls = []
     entries = list(cfg.kernels) + [e for op in cfg.custom_ops for e in kernel_entries(op)]
+    declared: set[tuple[str, str]] = set()
     for entry in entries:
+        # A custom operator may use one function as its kernel and its meta kernel.
+        if (key := (entry.kernel, str(entry.func.func))) in declared:
+            continue
+        declared.add(key)
         with native_function_manager(entry.func):
             schema = entry.func.func if entry.func.namespace == "aten" else f"{entry.func.namespace}::{entry.func.func}"
             decls.append(f"// {schema}\n{kernel_signature(entry).decl(name=entry.kernel)};")

@@ -70,10 +70,13 @@ def autograd_function(cfg: BackendConfig, op: CustomOp) -> str:
         "}",
     ]
     forward_lines += [f'ctx->saved_data["{n}"] = {n};' for n in saved_values]
-    forward_lines.append(f"ctx->save_for_backward({{{', '.join(saved_tensors)}}});")
+    if saved_tensors:
+        forward_lines.append(f"ctx->save_for_backward({{{', '.join(saved_tensors)}}});")
     forward_lines.append("return result;")
 
-    backward_lines = [typed_handle(cfg, bwd, "backward_op"), "const auto saved = ctx->get_saved_variables();"]
+    backward_lines = [typed_handle(cfg, bwd, "backward_op")]
+    if saved_tensors:
+        backward_lines.append("const auto saved = ctx->get_saved_variables();")
     for i, n in enumerate(saved_tensors):
         if n != "result" and by_name[n].argument.type.is_nullable():
             backward_lines.append(

@@ -7,6 +7,7 @@ an entry that is not a resolved, well-typed operator binding.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from typing import Any, Callable
 
@@ -363,12 +364,18 @@ class _Reader:
     def check_definitions(self, cfg: BackendConfig) -> None:
         """Every kernel the yaml names is defined under csrc/, and a stub
         kernel's parameters have the stub's types."""
-        if self.csrc_dir is None:
-            return
-        defined = defined_functions(self.csrc_dir)
         named: list[tuple[str, Location]] = [(k.kernel, k.loc) for k in cfg.kernels]
         named += [(n, c.loc) for c in cfg.custom_ops for n in (c.kernel, c.meta)]
         named += [(st.kernel, st.loc) for st in cfg.stubs]
+        if self.csrc_dir is None or not named:
+            return
+        if not os.path.isdir(self.csrc_dir):
+            raise YamlError(
+                named[0][1],
+                f"the kernel source directory {self.csrc_dir} does not exist: the codegen checks that "
+                "every kernel the yaml names is defined there; pass --csrc-dir",
+            )
+        defined = defined_functions(self.csrc_dir)
         for name, loc in named:
             if name not in defined:
                 raise YamlError(

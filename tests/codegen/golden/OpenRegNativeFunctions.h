@@ -9,6 +9,11 @@
 #include <c10/core/Scalar.h>
 #include <c10/core/Storage.h>
 
+#include <type_traits>
+
+#include <ATen/native/Fill.h>
+#include <ATen/native/UnaryOps.h>
+
 namespace demo::native {
 
 // empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
@@ -22,5 +27,26 @@ at::Tensor copy_from(const at::Tensor & self, const at::Tensor & dst, bool non_b
 
 // add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 at::Tensor & add_out(const at::Tensor & self, const at::Tensor & other, const at::Scalar & alpha, at::Tensor & out);
+
+// openreg::scale(Tensor self, float factor) -> Tensor
+at::Tensor scale(const at::Tensor & self, double factor);
+
+// openreg::scale(Tensor self, float factor) -> Tensor
+at::Tensor scale_meta(const at::Tensor & self, double factor);
+
+// openreg::scale_backward(Tensor grad, float factor) -> Tensor
+at::Tensor scale_backward(const at::Tensor & grad, double factor);
+
+// openreg::norm2(Tensor self, Tensor? weight=None) -> Tensor
+at::Tensor norm2(const at::Tensor & self, const ::std::optional<at::Tensor> & weight={});
+
+// openreg::norm2(Tensor self, Tensor? weight=None) -> Tensor
+at::Tensor norm2_meta(const at::Tensor & self, const ::std::optional<at::Tensor> & weight={});
+
+// DispatchStub at::native::neg_stub (ATen/native/UnaryOps.h)
+std::remove_pointer_t<decltype(at::native::neg_stub)::FnPtr> neg_kernel;
+
+// DispatchStub at::native::fill_stub (ATen/native/Fill.h)
+std::remove_pointer_t<decltype(at::native::fill_stub)::FnPtr> fill_kernel;
 
 } // namespace demo::native

@@ -1,0 +1,313 @@
+"""Structured groups and DispatchStub kernels bound in backend_functions.yaml,
+each compared with CPU: functional, in-place and out= variants, broadcasting,
+non-contiguous operands, type promotion, zero-size inputs, and out= tensors of
+the wrong shape, dtype or layout."""
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from codegen.load import load
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEV = "openreg"
+
+# out= operator -> a call of it (functional, or out= when given out=...).
+BINARY = {
+    "add.out": lambda a, b, **out: torch.add(a, b, alpha=2, **out),
+    "sub.out": lambda a, b, **out: torch.sub(a, b, alpha=3, **out),
+    "mul.out": torch.mul,
+    "div.out": torch.div,
+    "maximum.out": torch.maximum,
+    "minimum.out": torch.minimum,
+    "heaviside.out": torch.heaviside,
+    "eq.Tensor_out": torch.eq,
+    "lt.Tensor_out": torch.lt,
+    "pow.Tensor_Tensor_out": torch.pow,
+}
+UNARY = {
+    "neg.out": torch.neg,
+    "exp.out": torch.exp,
+    "sqrt.out": torch.sqrt,
+    "sigmoid.out": torch.sigmoid,
+    "tanh.out": torch.tanh,
+}
+REDUCTIONS = {
+    "sum.IntList_out": lambda a: torch.sum(a, dim=1),
+    "max.dim_max": lambda a: torch.max(a, dim=1),
+    "eq.Scalar_out": lambda a: torch.eq(a, 1.0),
+}
+# Each stub and an operator whose openreg kernel reaches it.
+STUB_REACHED_BY = {
+    "add_stub": "add.out", "mul_stub": "mul.out", "div_true_stub": "div.out",
+    "maximum_stub": "maximum.out", "minimum_stub": "minimum.out", "heaviside_stub": "heaviside.out",
+    "eq_stub": "eq.Tensor_out", "lt_stub": "lt.Tensor_out", "pow_tensor_tensor_stub": "pow.Tensor_Tensor_out",
+    "neg_stub": "neg.out", "exp_stub": "exp.out", "sqrt_stub": "sqrt.out", "sigmoid_stub": "sigmoid.out",
+    "tanh_stub": "tanh.out", "sum_stub": "sum.IntList_out", "max_stub": "max.dim_max", "fill_stub": "fill_.Scalar",
+}
+
+CONFIG = load(os.path.join(ROOT, "backend_functions.yaml"))
+
+
+def positive(*shape, dtype=torch.float32):
+    return torch.rand(*shape, dtype=dtype) + 0.5
+
+
+def on_device(*tensors):
+    return [t.to(DEV) for t in tensors]
+
+
+def assert_same(actual, expected):
+    if isinstance(expected, tuple):
+        for a, e in zip(actual, expected):
+            assert_same(a, e)
+        return
+    assert actual.device.type == DEV
+    assert actual.dtype == expected.dtype
+    assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+def test_every_structured_group_and_stub_in_the_yaml_is_tested_here():
+    bound = {str(s.name) for s in CONFIG.structured}
+    assert bound == set(BINARY) | set(UNARY) | set(REDUCTIONS)
+    assert {st.decl.name for st in CONFIG.stubs} == set(STUB_REACHED_BY)
+
+
+@pytest.mark.parametrize("op", sorted({str(f.func.name) for s in CONFIG.structured for f in s.functions()}))
+def test_structured_operators_have_an_openreg_kernel_not_the_fallback(op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "PrivateUse1")
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_matches_cpu_with_broadcasting_and_non_contiguous_inputs(name):
+    fn = BINARY[name]
+    a, b = positive(6, 5), positive(5)
+    assert_same(fn(*on_device(a, b)), fn(a, b))
+    t = positive(5, 6).t()  # non-contiguous
+    assert_same(fn(*on_device(t, b)), fn(t, b))
+    assert_same(fn(*on_device(a[:, ::2], b[::2])), fn(a[:, ::2], b[::2]))
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_promotes_types_like_cpu(name):
+    fn = BINARY[name]
+    i = torch.arange(1, 11, dtype=torch.int32).reshape(2, 5)
+    f = positive(2, 5, dtype=torch.float64)
+    for x, y in [(i, f), (f, i), (i, torch.tensor(2.5)), (i, torch.tensor(3, dtype=torch.int64))]:
+        if name == "heaviside.out" and x.dtype != y.dtype:
+            with pytest.raises(RuntimeError) as cpu_error:
+                fn(x, y)
+            with pytest.raises(RuntimeError, match=str(cpu_error.value).split(":")[0]):
+                fn(x.to(DEV), y if y.dim() == 0 else y.to(DEV))
+            continue
+        # 0-dim CPU tensors are accepted next to device tensors, as on CUDA.
+        dy = y if y.dim() == 0 else y.to(DEV)
+        assert_same(fn(x.to(DEV), dy), fn(x, y))
+
+
+@pytest.mark.parametrize("name", ["add.out", "sub.out", "mul.out", "div.out", "eq.Tensor_out", "lt.Tensor_out"])
+def test_binary_with_python_scalars(name):
+    fn = BINARY[name]
+    i = torch.arange(6).reshape(2, 3)
+    assert_same(fn(i.to(DEV), 2.5), fn(i, 2.5))
+    assert_same(fn(i.to(DEV), 2), fn(i, 2))
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_matches_cpu(name):
+    fn = UNARY[name]
+    for a in [positive(4, 7), positive(7, 4).t(), positive(3, 8)[:, 1::3], positive(()), positive(0, 3)]:
+        assert_same(fn(a.to(DEV)), fn(a))
+
+
+@pytest.mark.parametrize("name", ["neg.out", "exp.out", "sqrt.out", "sigmoid.out", "tanh.out"])
+def test_unary_of_integers_promotes_like_cpu(name):
+    fn = UNARY[name]
+    i = torch.arange(1, 7, dtype=torch.int64)
+    assert_same(fn(i.to(DEV)), fn(i))
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reductions_match_cpu(name):
+    fn = REDUCTIONS[name]
+    for a in [torch.randn(4, 6), torch.randn(6, 4).t(), torch.randn(4, 0)]:
+        if name == "max.dim_max" and a.numel() == 0:
+            continue  # max over an empty dim raises on CPU too (tested below)
+        assert_same(fn(a.to(DEV)), fn(a))
+
+
+def test_max_dim_precomputed_dim_wraps_and_keepdim():
+    a = torch.randn(3, 4, 5)
+    for dim in (-1, 0, 2):
+        for keepdim in (False, True):
+            assert_same(torch.max(a.to(DEV), dim, keepdim), torch.max(a, dim, keepdim))
+
+
+def test_max_of_empty_dim_raises_like_cpu():
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        torch.max(torch.randn(4, 0, device=DEV), dim=1)
+
+
+def test_sum_with_dtype_and_integer_input():
+    i = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    assert_same(torch.sum(i.to(DEV), dim=0), torch.sum(i, dim=0))
+    assert_same(torch.sum(i.to(DEV), dim=1, dtype=torch.float64), torch.sum(i, dim=1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["add.out", "mul.out", "div.out", "pow.Tensor_Tensor_out"])
+def test_inplace_writes_self_and_returns_it(name):
+    method = {"add.out": "add_", "mul.out": "mul_", "div.out": "div_", "pow.Tensor_Tensor_out": "pow_"}[name]
+    a, b = positive(3, 4), positive(4)
+    da = a.to(DEV)
+    ptr = da.data_ptr()
+    out = getattr(da, method)(b.to(DEV))
+    assert out is da and da.data_ptr() == ptr
+    assert_close(da.cpu(), getattr(a.clone(), method)(b))
+
+
+def test_inplace_into_a_lower_precision_self_casts_back_like_cpu():
+    a, b = positive(3, 4), positive(4, dtype=torch.float64)
+    da = a.to(DEV)
+    da.mul_(b.to(DEV))
+    assert da.dtype == torch.float32
+    assert_close(da.cpu(), a.clone().mul_(b))
+
+
+def test_inplace_into_integers_rejects_a_float_result_like_cpu():
+    i = torch.arange(4)
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        i.to(DEV).mul_(torch.ones(4, device=DEV))
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        i.mul_(torch.ones(4))
+
+
+def test_inplace_that_would_broadcast_self_raises_like_cpu():
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        torch.ones(4, device=DEV).add_(torch.ones(3, 4, device=DEV))
+
+
+def test_inplace_on_non_contiguous_self():
+    a, b = positive(4, 6), positive(3)
+    da = a.to(DEV)
+    da[:, ::2].mul_(b.to(DEV))
+    a[:, ::2].mul_(b)
+    assert_close(da.cpu(), a)
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_out_of_the_right_shape_is_written_in_place(name):
+    fn = BINARY[name]
+    a, b = positive(3, 4), positive(4)
+    expected = fn(a, b)
+    out = torch.empty(3, 4, dtype=expected.dtype, device=DEV)
+    ptr = out.data_ptr()
+    result = fn(*on_device(a, b), out=out)
+    assert result is out and out.data_ptr() == ptr
+    assert_same(out, expected)
+
+
+def test_out_is_resized_with_the_cpu_warning_when_it_has_elements():
+    a, b = positive(3, 4), positive(4)
+    empty = torch.empty(0, device=DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.add(*on_device(a, b), out=empty)  # an empty out is resized silently
+    assert_same(empty, a + b)
+    wrong = torch.empty(5, device=DEV)
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        torch.add(*on_device(a, b), out=wrong)
+    assert_same(wrong, a + b)
+
+
+def test_out_of_wrong_dtype_raises_like_cpu():
+    a, b = positive(3), positive(3)
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        torch.mul(*on_device(a, b), out=torch.empty(3, dtype=torch.long, device=DEV))
+    # A wider out dtype is allowed and computed in the common dtype.
+    out = torch.empty(3, dtype=torch.float64, device=DEV)
+    torch.mul(*on_device(a, b), out=out)
+    assert_close(out.cpu(), torch.mul(a, b, out=torch.empty(3, dtype=torch.float64)))
+
+
+def test_comparison_into_a_float_out():
+    a, b = torch.randn(5), torch.randn(5)
+    out = torch.empty(5, device=DEV)
+    torch.lt(*on_device(a, b), out=out)
+    assert_close(out.cpu(), torch.lt(a, b, out=torch.empty(5)))
+
+
+def test_non_contiguous_out_is_written_through_a_proxy():
+    a, b = positive(4, 3), positive(3)
+    out = torch.zeros(3, 4, device=DEV).t()
+    torch.mul(*on_device(a, b), out=out)
+    assert out.stride() == (1, 4)
+    assert_close(out.cpu(), a * b)
+
+
+def test_out_on_another_device_raises():
+    a = positive(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.neg(a.to(DEV), out=torch.empty(3))
+
+
+def test_out_overlapping_an_input_raises_like_cpu():
+    a = torch.arange(6.0)
+    da = a.to(DEV)
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        torch.add(da[:4], 1, out=da[2:])
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        torch.add(a[:4], 1, out=a[2:])
+
+
+def test_out_as_its_own_input_is_fine():
+    a = positive(5)
+    da = a.to(DEV)
+    torch.exp(da, out=da)
+    assert_close(da.cpu(), a.exp())
+
+
+def test_zero_size_inputs():
+    a, b = torch.randn(0, 4), torch.randn(4)
+    assert_same(torch.add(*on_device(a, b)), a + b)
+    assert_same(torch.exp(a.to(DEV)), a.exp())
+
+
+def test_mixed_devices_raise():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.add(torch.ones(3, device=DEV), torch.ones(3))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.add(torch.ones(3, device="openreg:0"), torch.ones(3, device="openreg:1"))
+
+
+def test_outputs_are_allocated_on_the_inputs_device():
+    a, b = positive(3), positive(3)
+    with torch.openreg.device(0):
+        r = torch.add(a.to("openreg:1"), b.to("openreg:1"))
+        assert r.device == torch.device("openreg:1")
+        assert torch.openreg.current_device() == 0
+    assert_close(r.cpu(), a + b)
+
+
+def test_fill_and_zero_reach_the_fill_stub():
+    t = torch.empty(3, 4, dtype=torch.float64, device=DEV)
+    t.fill_(2.5)
+    assert_close(t.cpu(), torch.full((3, 4), 2.5, dtype=torch.float64))
+    t[:, 1].zero_()
+    expected = torch.full((3, 4), 2.5, dtype=torch.float64)
+    expected[:, 1] = 0
+    assert_close(t.cpu(), expected)
+    assert torch.ones(4, dtype=torch.int16, device=DEV).cpu().tolist() == [1, 1, 1, 1]
+
+
+def test_autograd_through_structured_ops():
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    da = a.to(DEV).requires_grad_()
+    db = b.to(DEV).requires_grad_()
+    (torch.tanh(da * db) - db).exp().sum().backward()
+    ca, cb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    (torch.tanh(ca * cb) - cb).exp().sum().backward()
+    assert_close(da.grad.cpu(), ca.grad)
+    assert_close(db.grad.cpu(), cb.grad)
