@@ -41,7 +41,7 @@ def test_project_yaml_binds_every_required_operator():
 
 def test_second_run_rewrites_nothing(tmp_path):
     first = run(FIXTURE, str(tmp_path))
-    assert len(first) == 3
+    assert len(first) == 6
     mtimes = {p: os.stat(p).st_mtime_ns for p in first}
     assert run(FIXTURE, str(tmp_path)) == []
     assert {p: os.stat(p).st_mtime_ns for p in first} == mtimes
@@ -60,6 +60,11 @@ def test_list_shows_each_binding(capsys):
     assert "mm" in text and "fallback (per operator)" in text
     assert 'blocked: no "pinned" memory here' in text
     assert "(every other operator: no kernel)" in text
+    assert "structured (at::native::structured_neg_out, inplace)" in text
+    assert "max.dim" in text and "structured (at::native::structured_max_out, functional)" in text
+    assert "stub at::native::fill_stub" in text and "stub -> demo::native::fill_kernel" in text
+    assert "openreg::scale" in text and "custom -> demo::native::scale (meta scale_meta, backward openreg::scale_backward)" in text
+    assert "openreg::norm2" in text and "no derivative" in text
 
 
 def write(tmp_path, text: str) -> str:
@@ -93,6 +98,46 @@ ERROR_CASES = [
     ("cpp_namespace: n\nkernels: [\n", 3, "invalid YAML"),
     ("# only a comment\n", 1, "the file is empty"),
     ("- just\n- a list\n", 1, "the file must be a mapping"),
+    # structured
+    ("cpp_namespace: n\nstructured:\n  - op: abs.out\n", 3,
+     "'abs.out' is not the out= operator of a structured group"),
+    ("cpp_namespace: n\nstructured:\n  - op: add.Tensor\n", 3,
+     "It delegates to the structured 'add.out': name that instead"),
+    ("cpp_namespace: n\nstructured:\n  - op: eq.Tensor\n", 3, "delegates to the structured 'eq.Tensor_out'"),
+    ("cpp_namespace: n\nstructured:\n  - op: sort.values\n", 3, "Structured operators named sort: sort.values_stable."),
+    ("cpp_namespace: n\nstructured:\n  - op: abs\n", 3, "No operator named abs is structured"),
+    ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    kernel: k\n", 4, "unknown key 'kernel' in a structured entry"),
+    ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
+     "'neg' is already bound in kernels at line 3"),
+    # stubs
+    ("cpp_namespace: n\nstubs:\n  - stub: neg_stb\n    kernel: k\n", 3, "Did you mean 'neg_stub'"),
+    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n", 3, "needs the key 'kernel'"),
+    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: a\n  - stub: neg_stub\n    kernel: b\n", 5,
+     "stub 'neg_stub' already has a kernel at line 3"),
+    ("cpp_namespace: n\nstubs:\n  - stub: [neg_stub]\n    kernel: k\n", 3, "'stub' in a stubs entry must be a string"),
+    # custom operators
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self -> Tensor'\n    kernel: k\n    meta: m\n", 3,
+     "invalid operator schema"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'ns::f(Tensor self) -> Tensor'\n    kernel: k\n    meta: m\n", 3,
+     "write the schema without a namespace"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self) -> Tensor'\n    kernel: k\n", 3,
+     "needs the key 'meta'"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self) -> Tensor'\n    kernel: k\n    meta: m\n"
+     "    backward: f_bwd\n", 3, "backward 'f_bwd' of 'f' is not a custom operator in this file"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self) -> Tensor'\n    kernel: k\n    meta: m\n"
+     "    backward: g\n  - schema: 'g(Tensor grad, Tensor other) -> Tensor'\n    kernel: k\n    meta: m\n", 7,
+     "argument 'other' of backward 'g' is neither 'grad', 'result' nor an argument of 'f'"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor a, Tensor b) -> Tensor'\n    kernel: k\n    meta: m\n"
+     "    backward: g\n  - schema: 'g(Tensor grad) -> Tensor'\n    kernel: k\n    meta: m\n", 7,
+     "must return one Tensor per Tensor argument of 'f' (a, b): 2 Tensors, got (Tensor)"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor a, int[] s) -> Tensor'\n    kernel: k\n    meta: m\n"
+     "    backward: g\n  - schema: 'g(Tensor grad, int[] s) -> Tensor'\n    kernel: k\n    meta: m\n", 7,
+     "needs 's' of type int[], which the generated autograd function cannot save"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor a) -> (Tensor, Tensor)'\n    kernel: k\n    meta: m\n"
+     "    backward: g\n  - schema: 'g(Tensor grad) -> Tensor'\n    kernel: k\n    meta: m\n", 3,
+     "must be functional and return one Tensor"),
+    ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor a) -> Tensor'\n    kernel: k\n    meta: m\n"
+     "  - schema: 'f(Tensor b) -> Tensor'\n    kernel: k\n    meta: m\n", 6, "custom operator 'f' is declared twice"),
 ]
 
 
@@ -104,6 +149,84 @@ def test_yaml_errors_name_file_and_line(tmp_path, text, line, fragment):
     assert info.value.loc.file == path
     assert info.value.loc.line == line, str(info.value)
     assert fragment in info.value.message
+
+
+KERNELS_CPP = """
+namespace n {
+void neg_kernel(at::TensorIterator& iter) {}
+void add_kernel(at::TensorIteratorBase& iter, const at::Scalar& alpha) {}
+at::Tensor view_impl(const at::Tensor& self, at::IntArrayRef size) { return self; }
+// at::Tensor commented_out(const at::Tensor& self) { return self; }
+}
+"""
+
+
+def definition_error(tmp_path, text: str) -> YamlError:
+    csrc = tmp_path / "csrc"
+    csrc.mkdir(exist_ok=True)
+    (csrc / "kernels.cpp").write_text(KERNELS_CPP)
+    path = write(tmp_path, text)
+    with pytest.raises(YamlError) as info:
+        load(path, str(csrc))
+    return info.value
+
+
+def test_stub_kernel_with_other_parameter_types_is_an_error(tmp_path):
+    err = definition_error(tmp_path, "cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: neg_kernel\n")
+    assert err.loc.line == 3
+    assert err.message.startswith(
+        "kernel 'neg_kernel' cannot serve 'neg_stub': the stub's type unary_fn (ATen/native/UnaryOps.h) takes "
+        "(TensorIteratorBase&) but 'neg_kernel' takes (TensorIterator&)"
+    )
+
+
+def test_kernel_that_no_file_defines_is_an_error(tmp_path):
+    err = definition_error(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_kernel\n")
+    assert err.loc.line == 3
+    assert "kernel 'view_kernel' is not defined in any file under" in err.message
+
+
+def test_a_commented_out_definition_does_not_count(tmp_path):
+    err = definition_error(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: commented_out\n")
+    assert "kernel 'commented_out' is not defined" in err.message
+
+
+def test_custom_op_meta_kernel_must_be_defined(tmp_path):
+    err = definition_error(
+        tmp_path, "cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self) -> Tensor'\n    kernel: view_impl\n    meta: f_meta\n"
+    )
+    assert "kernel 'f_meta' is not defined" in err.message
+
+
+def test_matching_definitions_pass(tmp_path):
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "kernels.cpp").write_text(KERNELS_CPP)
+    path = write(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_impl\nstubs:\n"
+                 "  - stub: add_stub\n    kernel: add_kernel\n")
+    cfg = load(path, str(csrc))
+    assert [st.decl.qualified_name for st in cfg.stubs] == ["at::native::add_stub"]
+
+
+def test_missing_kernel_directory_is_an_error(tmp_path):
+    path = write(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: k\n")
+    with pytest.raises(YamlError, match="does not exist: the codegen checks that every kernel"):
+        load(path, str(tmp_path / "nowhere"))
+
+
+def test_stub_discovery_finds_every_declared_stub_with_its_header():
+    from codegen.stubs import declared_stubs
+
+    stubs = declared_stubs()
+    assert len(stubs) > 400
+    fill = stubs["fill_stub"]  # declared with an inline function pointer type
+    assert (fill.namespace, fill.header, fill.params) == (
+        "at::native", "ATen/native/Fill.h", ("TensorIterator&", "const Scalar&"))
+    assert stubs["add_stub"].params == ("TensorIteratorBase&", "const Scalar&")
+
+
+def test_error_cases_cover_every_kind_of_mistake():
+    assert len(ERROR_CASES) >= 15
 
 
 def test_unknown_operator_suggests_close_names():
