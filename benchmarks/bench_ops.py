@@ -63,14 +63,23 @@ def copy_case(kind: str, n: int) -> Callable[[str], Callable[[], object]]:
     return make
 
 
+# name -> (the aten operator that decides native or fallback, case factory)
 CASES = {
-    "add (fallback)": lambda n: binary(torch.add, n),
-    "mul (fallback)": lambda n: binary(torch.mul, n),
-    "abs (fallback)": lambda n: unary(torch.abs, n),
-    "sum (fallback)": lambda n: unary(torch.sum, n),
-    "empty (native)": lambda n: (lambda d: (lambda: torch.empty(n, device=d))),
-    "view (native)": lambda n: unary(lambda a: a.view(-1, 1), n),
+    "add": ("aten::add.Tensor", lambda n: binary(torch.add, n)),
+    "mul": ("aten::mul.Tensor", lambda n: binary(torch.mul, n)),
+    "exp": ("aten::exp", lambda n: unary(torch.exp, n)),
+    "abs": ("aten::abs.out", lambda n: unary(torch.abs, n)),
+    "cos": ("aten::cos", lambda n: unary(torch.cos, n)),
+    "sum": ("aten::sum.dim_IntList", lambda n: unary(torch.sum, n)),
+    "empty": ("aten::empty.memory_format", lambda n: (lambda d: (lambda: torch.empty(n, device=d)))),
+    "view": ("aten::view", lambda n: unary(lambda a: a.view(-1, 1), n)),
 }
+
+
+def label(name: str, op: str) -> str:
+    """The case name with how openreg runs it, asked of the dispatcher."""
+    native = torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+    return f"{name} ({'native' if native else 'fallback'})"
 COPIES = ("h2d", "d2h", "d2d")
 
 
@@ -81,9 +90,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for size_name, n, calls in (("small", SMALL, 2000), ("large", LARGE, 3)):
-        for name, case in CASES.items():
+        for name, (op, case) in CASES.items():
             cpu, dev = compare(case(n), calls, args.repeat)
-            rows.append({"op": name, "size": size_name, "numel": n, "cpu_us": cpu * 1e6,
+            rows.append({"op": label(name, op), "size": size_name, "numel": n, "cpu_us": cpu * 1e6,
                          "openreg_us": dev * 1e6, "ratio": dev / cpu})
         for kind in COPIES:
             cpu, dev = compare(copy_case(kind, n), calls, args.repeat)
