@@ -12,7 +12,7 @@ import os
 
 from codegen.emit_custom import kernel_entries, register_custom_ops
 from codegen.emit_structured import register_structured
-from codegen.model import NATIVE_HEADER, BackendConfig, KernelEntry, OpRef
+from codegen.model import CPU_KERNEL_HEADER, CPU_KERNEL_TEMPLATE, NATIVE_HEADER, BackendConfig, KernelEntry, OpRef, StubEntry
 from torchgen.api.translate import translate
 from torchgen.api.types import DispatcherSignature, NativeSignature
 from torchgen.context import native_function_manager
@@ -66,7 +66,7 @@ def native_functions_header(cfg: BackendConfig) -> str:
         with native_function_manager(entry.func):
             schema = entry.func.func if entry.func.namespace == "aten" else f"{entry.func.namespace}::{entry.func.func}"
             decls.append(f"// {schema}\n{kernel_signature(entry).decl(name=entry.kernel)};")
-    for st in cfg.stubs:
+    for st in (st for st in cfg.stubs if st.kernel is not None):
         # Declared with the stub's own function type, so the kernel's
         # definition must have exactly the stub's parameters.
         decls.append(
@@ -263,13 +263,19 @@ using openreg::generated::blocked_kernel;
 # -- RegisterStubs.cpp --------------------------------------------------------------
 
 
+def stub_kernel(cfg: BackendConfig, st: StubEntry) -> str:
+    if not st.cpu_kernel:
+        return f"&::{cfg.cpp_namespace}::{st.kernel}"
+    return f"&::{cfg.cpp_namespace}::{CPU_KERNEL_TEMPLATE}<&{st.decl.name}>::run"
+
+
 def register_stubs(cfg: BackendConfig) -> str:
     """REGISTER_PRIVATEUSE1_DISPATCH names the stub's type unqualified
     (ATen/native/DispatchStub.h), so each registration sits in its stub's namespace."""
     by_namespace: dict[str, list[str]] = {}
     for st in cfg.stubs:
         by_namespace.setdefault(st.decl.namespace, []).append(
-            f"REGISTER_PRIVATEUSE1_DISPATCH({st.decl.name}, &::{cfg.cpp_namespace}::{st.kernel})"
+            f"REGISTER_PRIVATEUSE1_DISPATCH({st.decl.name}, {stub_kernel(cfg, st)})"
         )
     blocks = "\n".join(
         f"namespace {ns} {{\n" + "\n".join(regs) + f"\n}} // namespace {ns}\n"
@@ -277,13 +283,14 @@ def register_stubs(cfg: BackendConfig) -> str:
     )
     if not blocks:
         blocks = "// No stubs in the yaml.\n"
+    cpu_include = f'\n#include "{CPU_KERNEL_HEADER}"' if any(st.cpu_kernel for st in cfg.stubs) else ""
     return f"""{banner(cfg)}
 // The kernels openreg gives torch's DispatchStubs: structured impl() functions
 // (and other native code) call `stub(device_type(), ...)`, which for an openreg
 // TensorIterator lands here.
 #include <ATen/native/DispatchStub.h>
 
-#include "{NATIVE_HEADER}"
+#include "{NATIVE_HEADER}"{cpu_include}
 
 {blocks}"""
 

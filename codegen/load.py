@@ -49,7 +49,8 @@ KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handle
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
 STRUCTURED_KEYS = ("op",)
-STUB_KEYS = ("stub", "kernel")
+STUB_KEYS = ("stub", "kernel", "cpu_kernel")
+_ITERATORS = ("TensorIteratorBase&", "TensorIterator&")
 CUSTOM_OP_KEYS = ("schema", "kernel", "meta", "backward")
 CUSTOM_NAMESPACE = "openreg"
 # Argument types a generated autograd function can keep for the backward besides
@@ -256,7 +257,20 @@ class _Reader:
                     f"(torch/include/ATen/native).{_suggest(name, list(declared))} "
                     "Give the stub's name as declared, e.g. 'neg_stub'.",
                 )
-            out.append(StubEntry(decl=decl, kernel=self.function_name(entry, "kernel", what), loc=self.loc(entry[LINE])))
+            cpu = self.get(entry, "cpu_kernel", bool, what, default=False)
+            kernel = self.function_name(entry, "kernel", what, required=not cpu)
+            if cpu and kernel is not None:
+                raise YamlError(
+                    self.key_loc(entry, "kernel"),
+                    f"stub '{name}' has both 'kernel' and 'cpu_kernel: true'; keep one",
+                )
+            if cpu and (not decl.params or decl.params[0] not in _ITERATORS):
+                raise YamlError(
+                    self.key_loc(entry, "cpu_kernel"),
+                    f"'cpu_kernel: true' needs a stub that takes a TensorIterator first, and {decl.name} takes "
+                    f"({', '.join(decl.params or ())}); write a kernel for it and name it with 'kernel'",
+                )
+            out.append(StubEntry(decl=decl, kernel=kernel, loc=self.loc(entry[LINE]), cpu_kernel=cpu))
         return tuple(out)
 
     def custom_ops(self, top: dict[str, Any]) -> tuple[CustomOp, ...]:
@@ -366,7 +380,7 @@ class _Reader:
         kernel's parameters have the stub's types."""
         named: list[tuple[str, Location]] = [(k.kernel, k.loc) for k in cfg.kernels]
         named += [(n, c.loc) for c in cfg.custom_ops for n in (c.kernel, c.meta)]
-        named += [(st.kernel, st.loc) for st in cfg.stubs]
+        named += [(st.kernel, st.loc) for st in cfg.stubs if st.kernel is not None]
         if self.csrc_dir is None or not named:
             return
         if not os.path.isdir(self.csrc_dir):
@@ -386,7 +400,7 @@ class _Reader:
                 )
         for st in cfg.stubs:
             want = st.decl.params
-            if want is None:
+            if want is None or st.kernel is None:
                 continue
             have = defined[st.kernel]
             if tuple(want) not in have:

@@ -14,6 +14,10 @@ from torchgen.model import BackendMetadata, NativeFunction, NativeFunctionsGroup
 
 # The generated header that declares every kernel the yaml names.
 NATIVE_HEADER = "OpenRegNativeFunctions.h"
+# For `cpu_kernel: true` stubs: the hand-written header (under csrc/) and the
+# class template in cpp_namespace whose `run` calls a stub's CPU kernel.
+CPU_KERNEL_HEADER = "aten/native/CpuStub.h"
+CPU_KERNEL_TEMPLATE = "CpuKernelOf"
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,11 @@ class StubEntry:
     """A DispatchStub whose PrivateUse1 entry is an openreg kernel."""
 
     decl: StubDecl
-    kernel: str  # function name inside BackendConfig.cpp_namespace
+    kernel: str | None  # function name inside BackendConfig.cpp_namespace
     loc: Location
+    # No hand-written kernel: run torch's CPU kernel of the same stub on the
+    # device memory (CPU_KERNEL_TEMPLATE in CPU_KERNEL_HEADER).
+    cpu_kernel: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,8 @@ class BackendConfig:
             for f in s.functions():
                 bound[str(f.func.name)] = f"structured ({s.parent_class}, {f.func.kind().name})"
         for st in self.stubs:
-            bound[f"stub {st.decl.qualified_name}"] = f"stub -> {self.cpp_namespace}::{st.kernel}"
+            target = "torch's CPU kernel on device memory" if st.cpu_kernel else f"{self.cpp_namespace}::{st.kernel}"
+            bound[f"stub {st.decl.qualified_name}"] = f"stub -> {target}"
         for c in self.custom_ops:
             autograd = f"backward {self.custom_namespace}::{c.backward}" if c.backward else "no derivative"
             bound[f"{self.custom_namespace}::{c.name}"] = (

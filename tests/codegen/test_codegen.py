@@ -63,6 +63,7 @@ def test_list_shows_each_binding(capsys):
     assert "structured (at::native::structured_neg_out, inplace)" in text
     assert "max.dim" in text and "structured (at::native::structured_max_out, functional)" in text
     assert "stub at::native::fill_stub" in text and "stub -> demo::native::fill_kernel" in text
+    assert "stub at::native::add_stub" in text and "stub -> torch's CPU kernel on device memory" in text
     assert "openreg::scale" in text and "custom -> demo::native::scale (meta scale_meta, backward openreg::scale_backward)" in text
     assert "openreg::norm2" in text and "no derivative" in text
 
@@ -115,6 +116,10 @@ ERROR_CASES = [
     ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: a\n  - stub: neg_stub\n    kernel: b\n", 5,
      "stub 'neg_stub' already has a kernel at line 3"),
     ("cpp_namespace: n\nstubs:\n  - stub: [neg_stub]\n    kernel: k\n", 3, "'stub' in a stubs entry must be a string"),
+    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: k\n    cpu_kernel: true\n", 4,
+     "stub 'neg_stub' has both 'kernel' and 'cpu_kernel: true'; keep one"),
+    ("cpp_namespace: n\nstubs:\n  - stub: max_stub\n    cpu_kernel: true\n", 4,
+     "'cpu_kernel: true' needs a stub that takes a TensorIterator first"),
     # custom operators
     ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self -> Tensor'\n    kernel: k\n    meta: m\n", 3,
      "invalid operator schema"),

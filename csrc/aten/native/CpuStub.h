@@ -9,6 +9,7 @@
 // would have had (promote_like_cpu) and casts outputs back afterwards.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include <ATen/TensorIterator.h>
@@ -41,5 +42,18 @@ void run_cpu_stub(Stub& stub, Iter& iter, Args&&... args) {
   stub(c10::DeviceType::CPU, iter, std::forward<Args>(args)...);
   promoted.write_back();
 }
+
+// The openreg kernel of a stub declared with `cpu_kernel: true` in
+// backend_functions.yaml: CpuKernelOf<&at::native::exp_stub>::run has exactly
+// the stub's function type.
+template <auto* stub, typename FnPtr = typename std::remove_pointer_t<decltype(stub)>::FnPtr>
+struct CpuKernelOf;
+
+template <auto* stub, typename Iter, typename... Args>
+struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
+  static void run(Iter& iter, Args... args) {
+    run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
+  }
+};
 
 } // namespace openreg::native

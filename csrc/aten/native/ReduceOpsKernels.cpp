@@ -1,16 +1,12 @@
-// openreg kernels for the reduction DispatchStubs of ATen/native/ReduceOps.h
-// and TensorCompare.h.
+// openreg kernels for reduction DispatchStubs that do not take a
+// TensorIterator (the ones that do run through `cpu_kernel: true`).
 #include "OpenRegNativeFunctions.h"
-#include "aten/native/CpuStub.h"
 
 namespace openreg::native {
 
-void sum_kernel(at::TensorIterator& iter) {
-  run_cpu_stub(at::native::sum_stub, iter);
-}
-
 // max.dim's structured impl calls max_stub with tensors rather than an
-// iterator; torch's CPU kernel builds its own iterator over device memory.
+// iterator; torch's CPU kernel builds its own iterator over device memory,
+// whose operands all have the same dtype, so no promotion is needed.
 void max_kernel(
     const at::Tensor& values,
     const at::Tensor& indices,

@@ -11,6 +11,7 @@
 
 #include <type_traits>
 
+#include <ATen/native/BinaryOps.h>
 #include <ATen/native/Fill.h>
 #include <ATen/native/UnaryOps.h>
 

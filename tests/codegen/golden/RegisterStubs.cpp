@@ -7,8 +7,10 @@
 #include <ATen/native/DispatchStub.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/native/CpuStub.h"
 
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(neg_stub, &::demo::native::neg_kernel)
 REGISTER_PRIVATEUSE1_DISPATCH(fill_stub, &::demo::native::fill_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(add_stub, &::demo::native::CpuKernelOf<&add_stub>::run)
 } // namespace at::native
