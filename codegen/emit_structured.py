@@ -34,14 +34,18 @@ from torchgen.context import native_function_manager
 from torchgen.model import NativeFunction, SchemaKind
 
 # Written after the helpers torchgen emits into every RegisterDispatchKey.cpp
-# (gen_registration_helpers); the allocation goes through the dispatcher to
-# openreg's empty_strided on the device the class's guard selected.
+# (gen_registration_helpers).
 HELPERS = """\
+// Allocates on the device the class's guard selected, with the PrivateUse1
+// allocator and no trip through the dispatcher, as CPU's at::detail::empty_cpu.
 at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   if (strides.empty()) {
-    return at::empty(sizes, options);
+    return at::detail::empty_generic(
+        sizes, allocator, keys, c10::typeMetaToScalarType(options.dtype()), options.memory_format_opt());
   }
-  return at::empty_strided(sizes, strides, options);
+  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, c10::typeMetaToScalarType(options.dtype()));
 }
 
 // out= tensors: same dtype and device, resized if their shape differs; the
@@ -76,7 +80,7 @@ void check_inplace(const at::Tensor& self, at::IntArrayRef sizes, const at::Tens
 // through a temporary (the proxy) and copied back.
 std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
   if (out.strides() != strides) {
-    return at::empty_strided(sizes, strides, options);
+    return create_out(sizes, strides, options);
   }
   return std::nullopt;
 }
@@ -243,9 +247,8 @@ def register_structured(cfg: BackendConfig, banner: str) -> str:
     helpers = HELPERS if blocks else ""
     return f"""{banner}
 #include <ATen/DeviceGuard.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 {includes}

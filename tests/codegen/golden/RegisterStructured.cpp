@@ -2,9 +2,8 @@
 // Do not edit: change the yaml and rebuild.
 
 #include <ATen/DeviceGuard.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 #include <ATen/ops/max_native.h>
@@ -13,11 +12,16 @@
 namespace at {
 namespace {
 
+// Allocates on the device the class's guard selected, with the PrivateUse1
+// allocator and no trip through the dispatcher, as CPU's at::detail::empty_cpu.
 at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   if (strides.empty()) {
-    return at::empty(sizes, options);
+    return at::detail::empty_generic(
+        sizes, allocator, keys, c10::typeMetaToScalarType(options.dtype()), options.memory_format_opt());
   }
-  return at::empty_strided(sizes, strides, options);
+  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, c10::typeMetaToScalarType(options.dtype()));
 }
 
 // out= tensors: same dtype and device, resized if their shape differs; the
@@ -52,7 +56,7 @@ void check_inplace(const at::Tensor& self, at::IntArrayRef sizes, const at::Tens
 // through a temporary (the proxy) and copied back.
 std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
   if (out.strides() != strides) {
-    return at::empty_strided(sizes, strides, options);
+    return create_out(sizes, strides, options);
   }
   return std::nullopt;
 }
