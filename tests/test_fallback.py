@@ -91,6 +91,33 @@ def test_out_argument_is_resized_like_cpu():
     assert_close(out.cpu(), a.abs())
 
 
+def test_out_resized_by_the_cpu_kernel_adopts_device_memory_and_frees_it():
+    # abs.out resizes an empty out: the CPU kernel grows the host alias into
+    # device memory, which the out tensor then owns (no copy back).
+    x = torch.randn(64, 33)
+    baseline = torch.accelerator.memory_allocated(0)
+    dx = x.to(DEV)
+    out = torch.empty(0, device=DEV)
+    torch.abs(dx, out=out)
+    assert out.shape == x.shape and out.device == dx.device
+    assert_close(out.cpu(), x.abs())
+    grown = torch.accelerator.memory_allocated(0) - baseline
+    assert grown == 2 * 64 * 33 * 4  # dx and out, nothing left over
+    out.add_(1)  # the adopted memory is an ordinary device storage
+    assert_close(out.cpu(), x.abs() + 1)
+    del dx, out
+    assert torch.accelerator.memory_allocated(0) == baseline
+
+
+def test_out_on_another_device_is_resized_on_that_device():
+    x = torch.randn(10)
+    out = torch.empty(0, device="openreg:1")
+    torch.abs(x.to("openreg:1"), out=out)
+    assert out.device == torch.device("openreg:1")
+    assert_close(out.cpu(), x.abs())
+    assert out.untyped_storage().device == torch.device("openreg:1")
+
+
 def test_out_argument_with_wrong_dtype_errors_like_cpu():
     a = torch.randn(3)
     cpu_out = torch.empty(3, dtype=torch.int64)

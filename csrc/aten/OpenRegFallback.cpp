@@ -212,11 +212,22 @@ class FallbackCall {
     c10::StorageImpl* device_storage = device_impl->storage().unsafeGetStorageImpl();
     const void* host_data = host.unsafeGetStorageImpl()->data_ptr().get();
     if (host_data != device_storage->data_ptr().get()) {
-      if (host.nbytes() > device_storage->nbytes()) {
-        resize_storage_bytes(device_storage, host.nbytes());
+      // The CPU kernel resized the alias (out= of another size). Its new bytes
+      // are device memory: the device storage adopts them, no copy.
+      std::optional<c10::DataPtr> grown;
+      if (device_storage->resizable()) {
+        grown = take_grown_device_memory(host);
       }
-      OPENREG_CHECK(orMemcpy(
-          device_storage->mutable_data(), host_data, host.nbytes(), orMemcpyKind::HostToDevice));
+      if (grown.has_value()) {
+        device_storage->set_data_ptr_noswap(std::move(*grown));
+        device_storage->set_nbytes(host.nbytes());
+      } else {
+        if (host.nbytes() > device_storage->nbytes()) {
+          resize_storage_bytes(device_storage, host.nbytes());
+        }
+        OPENREG_CHECK(orMemcpy(
+            device_storage->mutable_data(), host_data, host.nbytes(), orMemcpyKind::HostToDevice));
+      }
     }
     if (device_impl->sizes() != alias_impl->sizes() || device_impl->strides() != alias_impl->strides() ||
         device_impl->storage_offset() != alias_impl->storage_offset()) {

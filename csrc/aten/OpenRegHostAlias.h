@@ -9,12 +9,20 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <optional>
+
 namespace openreg {
 
 // A resizable CPU storage over the same bytes as `device_storage`; it keeps the
 // device memory alive for as long as it lives. If a CPU kernel resizes it, it
-// moves to fresh CPU memory and the device memory is left untouched.
+// moves to fresh memory of the same openreg device (see
+// take_grown_device_memory) and the original device memory is left untouched.
 c10::Storage host_alias_storage(const c10::Storage& device_storage);
+
+// If a CPU kernel resized `host_storage` (from host_alias_storage), the device
+// memory it moved to, for the device storage to adopt; the alias keeps
+// viewing those bytes but no longer owns them.
+std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage);
 
 // A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over
 // `host_storage` (from host_alias_storage(t.storage())).
