@@ -1,4 +1,5 @@
 // Copies between host and device and between devices, and .item().
+#include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/copy.h>
 #include <c10/core/DeviceGuard.h>
@@ -25,6 +26,17 @@ orMemcpyKind memcpy_kind(const at::Tensor& src, const at::Tensor& dst) {
   return from_device ? orMemcpyKind::DeviceToHost : orMemcpyKind::HostToDevice;
 }
 
+// One orMemcpy per thread's share of the bytes: CPU's copy_ runs on every
+// intra-op thread, and a single memcpy does not reach the memory bandwidth.
+void parallel_memcpy(void* dst, const void* src, size_t nbytes, orMemcpyKind kind) {
+  constexpr int64_t kGrainBytes = 256 * 1024;
+  at::parallel_for(0, static_cast<int64_t>(nbytes), kGrainBytes, [&](int64_t begin, int64_t end) {
+    OPENREG_CHECK(orMemcpy(
+        static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
+        static_cast<size_t>(end - begin), kind));
+  });
+}
+
 at::Tensor host_view(const at::Tensor& t) {
   return t.device().is_privateuseone() ? host_alias(t) : t;
 }
@@ -45,8 +57,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   const at::Tensor& device_side = dst.device().is_privateuseone() ? dst : self;
   c10::DeviceGuard guard(device_side.device());
   if (same_layout_dense(self, dst)) {
-    OPENREG_CHECK(orMemcpy(
-        dst.mutable_data_ptr(), self.const_data_ptr(), dst.nbytes(), memcpy_kind(self, dst)));
+    parallel_memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), dst.nbytes(), memcpy_kind(self, dst));
     return dst;
   }
   // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy kernel
