@@ -19,13 +19,9 @@ from torchgen.context import native_function_manager
 from torchgen.model import TensorOptionsArguments
 
 REGISTER_KERNELS = "RegisterOpenReg.cpp"
-REGISTER_STRUCTURED = "RegisterStructured.cpp"
 REGISTER_STUBS = "RegisterStubs.cpp"
 REGISTER_CUSTOM_OPS = "RegisterCustomOps.cpp"
 REGISTER_FALLBACK = "RegisterFallback.cpp"
-# Every generated translation unit; setup.py compiles all of them (a file with
-# nothing to register is still written, so the list never changes).
-GENERATED_SOURCES = (REGISTER_KERNELS, REGISTER_STRUCTURED, REGISTER_STUBS, REGISTER_CUSTOM_OPS, REGISTER_FALLBACK)
 
 
 def banner(cfg: BackendConfig) -> str:
@@ -300,7 +296,7 @@ def generate(cfg: BackendConfig) -> dict[str, str]:
     return {
         NATIVE_HEADER: native_functions_header(cfg),
         REGISTER_KERNELS: register_kernels(cfg),
-        REGISTER_STRUCTURED: register_structured(cfg, banner(cfg)),
+        **register_structured(cfg, banner(cfg)),
         REGISTER_STUBS: register_stubs(cfg),
         REGISTER_CUSTOM_OPS: register_custom_ops(cfg, banner(cfg), lambda e, n: wrapper(cfg, e, n)),
         REGISTER_FALLBACK: register_fallback(cfg),

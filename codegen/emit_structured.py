@@ -1,4 +1,4 @@
-"""RegisterStructured.cpp: PrivateUse1 wrappers for structured groups.
+"""RegisterStructured_*.cpp: PrivateUse1 wrappers for structured groups.
 
 torchgen's StructuredRegisterDispatchKey writes these for in-tree keys only
 (external backends get "Structured external backend functions are not
@@ -229,9 +229,27 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction) -> str:
 }}"""
 
 
-def register_structured(cfg: BackendConfig, banner: str) -> str:
+# RegisterStructured_{i}.cpp: several translation units, so that a build
+# compiles them in parallel and a change to the yaml recompiles only some.
+SHARDS = 4
+
+
+def shard_name(i: int) -> str:
+    return f"RegisterStructured_{i}.cpp"
+
+
+def register_structured(cfg: BackendConfig, banner: str) -> dict[str, str]:
+    """Each structured group goes to one shard, in yaml order."""
+    entries = list(cfg.structured)
+    return {
+        shard_name(i): register_shard(entries[i * len(entries) // SHARDS : (i + 1) * len(entries) // SHARDS], banner)
+        for i in range(SHARDS)
+    }
+
+
+def register_shard(entries: list[StructuredEntry], banner: str) -> str:
     blocks, impls, headers = [], [], set()
-    for entry in cfg.structured:
+    for entry in entries:
         headers.add(f"ATen/ops/{entry.group.root_name}_native.h")
         for f in entry.functions():
             if f.func.kind() not in (SchemaKind.functional, SchemaKind.inplace, SchemaKind.out):
@@ -239,12 +257,11 @@ def register_structured(cfg: BackendConfig, banner: str) -> str:
             with native_function_manager(f):
                 blocks.append(gen_class(entry, f) + "\n\n" + gen_wrapper(entry, f))
                 impls.append(f'  m.impl("{f.func.name}", TORCH_FN({wrapper_signature(f).name()}));')
+    if not blocks:
+        return f"{banner}\n// No structured groups in this shard.\n"
     includes = "".join(f"#include <{h}>\n" for h in sorted(headers))
     body = "\n\n".join(blocks)
-    registrations = (
-        "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n" + "\n".join(impls) + "\n}\n" if impls else ""
-    )
-    helpers = HELPERS if blocks else ""
+    registrations = "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n" + "\n".join(impls) + "\n}\n"
     return f"""{banner}
 #include <ATen/DeviceGuard.h>
 #include <ATen/EmptyTensor.h>
@@ -255,7 +272,7 @@ def register_structured(cfg: BackendConfig, banner: str) -> str:
 namespace at {{
 namespace {{
 
-{helpers}
+{HELPERS}
 {body}
 
 }} // namespace

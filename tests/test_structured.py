@@ -46,6 +46,14 @@ BACKWARD = {
     "sigmoid_backward.grad_input": torch.sigmoid,
     "silu_backward.grad_input": torch.nn.functional.silu,
     "hardsigmoid_backward.grad_input": torch.nn.functional.hardsigmoid,
+    "gelu_backward.grad_input": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "elu_backward.grad_input": torch.nn.functional.elu,
+    "leaky_relu_backward.grad_input": lambda x: torch.nn.functional.leaky_relu(x, 0.2),
+    "softplus_backward.grad_input": lambda x: torch.nn.functional.softplus(x, beta=2.0),
+    "hardshrink_backward.grad_input": lambda x: torch.nn.functional.hardshrink(x, 0.7),
+    "softshrink_backward.grad_input": lambda x: torch.nn.functional.softshrink(x, 0.7),
+    "threshold_backward.grad_input": lambda x: torch.nn.functional.threshold(x, 0.5, -1.0),
+    "logit_backward.grad_input": lambda x: torch.logit(torch.sigmoid(x), eps=1e-6),
 }
 # Each stub and an operator whose openreg kernel reaches it.
 STUB_REACHED_BY = {
