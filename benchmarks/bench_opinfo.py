@@ -40,8 +40,9 @@ def timed(fn, args, kwargs) -> float:
 
 
 def is_native(op) -> bool:
-    """Whether the OpInfo's aten operator (by its name) has an openreg kernel."""
-    name = op.name.split(".")[-1]
+    """Whether the OpInfo's aten operator (found by name, so a composite OpInfo
+    counts as fallback) has an openreg kernel."""
+    name = op.name.replace(".", "_") if op.name.startswith("special.") else op.name.split(".")[-1]
     for overload in ("", ".Tensor", ".out", ".default"):
         try:
             if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}{overload}", "PrivateUse1"):
