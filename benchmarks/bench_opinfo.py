@@ -19,18 +19,13 @@ import warnings
 import torch
 import torch_openreg  # noqa: F401  (registers the device when autoload is off)
 from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_map
 
 DEV = "openreg"
 
 
 def to_device(x):
-    if isinstance(x, torch.Tensor):
-        return x.to(DEV)
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_device(v) for v in x)
-    if isinstance(x, dict):
-        return {k: to_device(v) for k, v in x.items()}
-    return x
+    return tree_map(lambda v: v.to(DEV) if isinstance(v, torch.Tensor) else v, x)
 
 
 def timed(fn, args, kwargs) -> float:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_map
 
 from codegen.load import load
 
@@ -44,22 +45,17 @@ def test_every_structured_group_has_opinfo_samples_or_a_table_test():
 
 
 def to_device(x):
-    if isinstance(x, torch.Tensor):
-        return x.to(DEV)
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_device(v) for v in x)
-    if isinstance(x, dict):
-        return {k: to_device(v) for k, v in x.items()}
-    return x
+    return tree_map(lambda v: v.to(DEV) if isinstance(v, torch.Tensor) else v, x)
 
 
 def to_cpu(x):
-    if isinstance(x, torch.Tensor):
-        assert x.device.type == DEV, f"result on {x.device}"
-        return x.cpu()
-    if isinstance(x, (list, tuple)):
-        return type(x)(to_cpu(v) for v in x)
-    return x
+    def one(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        assert v.device.type == DEV, f"result on {v.device}"
+        return v.cpu()
+
+    return tree_map(one, x)
 
 
 def run(fn, *args, **kwargs):
