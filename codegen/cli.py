@@ -8,7 +8,7 @@ import sys
 
 from codegen.emit import generate
 from codegen.load import load
-from codegen.model import BackendConfig, Location, YamlError
+from codegen.model import BackendConfig, YamlError
 
 
 def write_if_changed(path: str, content: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from codegen.model import BackendConfig, CustomOp, KernelEntry
 from torchgen.api.types import DispatcherSignature
 from torchgen.context import native_function_manager
-from torchgen.model import Argument
 
 
 def camel(name: str) -> str:
@@ -44,7 +43,7 @@ def typed_handle(cfg: BackendConfig, op: CustomOp, var: str) -> str:
     )
 
 
-def value_type(arg: Argument, cpp_type: str) -> str:
+def value_type(cpp_type: str) -> str:
     """The owning C++ type to read a saved non-tensor argument back as."""
     return cpp_type.replace("const ", "").replace("&", "").strip()
 
@@ -85,7 +84,7 @@ def autograd_function(cfg: BackendConfig, op: CustomOp) -> str:
         else:
             backward_lines.append(f"const at::Tensor& {n} = saved[{i}];")
     for n in saved_values:
-        cpp = value_type(by_name[n].argument, by_name[n].type)
+        cpp = value_type(by_name[n].type)
         backward_lines.append(f'const auto {n} = ctx->saved_data["{n}"].to<{cpp}>();')
     backward_lines.append("const at::Tensor& grad = grad_outputs[0];")
     call = f"backward_op.call({', '.join(needed)})"
