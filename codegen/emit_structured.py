@@ -251,9 +251,7 @@ def register_shard(entries: list[StructuredEntry], banner: str) -> str:
     blocks, impls, headers = [], [], set()
     for entry in entries:
         headers.add(f"ATen/ops/{entry.group.root_name}_native.h")
-        for f in entry.functions():
-            if f.func.kind() not in (SchemaKind.functional, SchemaKind.inplace, SchemaKind.out):
-                continue
+        for f in entry.functions():  # the loader admits no group with a mutable variant
             with native_function_manager(f):
                 blocks.append(gen_class(entry, f) + "\n\n" + gen_wrapper(entry, f))
                 impls.append(f'  m.impl("{f.func.name}", TORCH_FN({wrapper_signature(f).name()}));')

@@ -216,7 +216,7 @@ class _Reader:
             g = groups.get(name)
             if g is None:
                 base = f.func.name.name.base
-                ours = sorted(n for n, gg in groups.items() if gg.root_name == f.root_name or n.split(".")[0] == base)
+                ours = sorted(n for n, gg in groups.items() if gg.root_name == f.root_name)
                 if f.structured_delegate is not None:
                     hint = f" It delegates to the structured '{f.structured_delegate}': name that instead."
                 elif ours:
