@@ -8,7 +8,9 @@ one class per functional / in-place / out= operator, derived from the in-tree
 arguments and asks for the output through set_output_*; the class allocates it
 on the openreg device, or resizes / proxies / checks the tensor the caller gave;
 impl() then runs the CPU implementation, whose DispatchStubs reach the openreg
-kernels registered in RegisterStubs.cpp.
+kernels registered in RegisterStubs.cpp. Between the two, the backend's
+`prepare_structured_impl(op)` (STRUCTURED_PREPARE) sees the op object: openreg
+uses it to hand CPU kernels addresses they may dereference.
 
 Argument lists come from torchgen (`structured.meta_arguments`,
 `structured.impl_arguments`, `translate`), so precomputed arguments and
@@ -17,7 +19,7 @@ SymInt conversions follow the schemas of the installed torch.
 
 from __future__ import annotations
 
-from codegen.model import BackendConfig, StructuredEntry
+from codegen.model import CPU_KERNEL_HEADER, STRUCTURED_PREPARE, BackendConfig, StructuredEntry
 from torchgen.api import structured
 from torchgen.api.translate import translate
 from torchgen.api.types import (
@@ -173,7 +175,7 @@ def wrapper_signature(f: NativeFunction) -> NativeSignature:
     return NativeSignature(f.func, prefix="wrapper_PrivateUse1_", symint=False)
 
 
-def gen_wrapper(entry: StructuredEntry, f: NativeFunction) -> str:
+def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
     g = entry.group
     kind = f.func.kind()
     sig = wrapper_signature(f)
@@ -206,6 +208,7 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction) -> str:
         expr = f"op.maybe_get_output({i})" if kind is SchemaKind.out else f"op.outputs_[{i}]"
         context.append(Expr(expr=expr, type=NamedCType(out_arg.nctype.name, MutRefCType(BaseCType(tensorT)))))
     impl_exprs = ", ".join(e.expr for e in translate(context, structured.impl_arguments(g), method=False))
+    body.append(f"::{namespace}::{STRUCTURED_PREPARE}(op);")
     body.append(f"op.impl({impl_exprs});")
 
     returns = len(f.func.returns)
@@ -242,18 +245,18 @@ def register_structured(cfg: BackendConfig, banner: str) -> dict[str, str]:
     """Each structured group goes to one shard, in yaml order."""
     entries = list(cfg.structured)
     return {
-        shard_name(i): register_shard(entries[i * len(entries) // SHARDS : (i + 1) * len(entries) // SHARDS], banner)
+        shard_name(i): register_shard(entries[i * len(entries) // SHARDS : (i + 1) * len(entries) // SHARDS], cfg.cpp_namespace, banner)
         for i in range(SHARDS)
     }
 
 
-def register_shard(entries: list[StructuredEntry], banner: str) -> str:
+def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) -> str:
     blocks, impls, headers = [], [], set()
     for entry in entries:
         headers.add(f"ATen/ops/{entry.group.root_name}_native.h")
         for f in entry.functions():  # the loader admits no group with a mutable variant
             with native_function_manager(f):
-                blocks.append(gen_class(entry, f) + "\n\n" + gen_wrapper(entry, f))
+                blocks.append(gen_class(entry, f) + "\n\n" + gen_wrapper(entry, f, namespace))
                 impls.append(f'  m.impl("{f.func.name}", TORCH_FN({wrapper_signature(f).name()}));')
     if not blocks:
         return f"{banner}\n// No structured groups in this shard.\n"
@@ -267,6 +270,8 @@ def register_shard(entries: list[StructuredEntry], banner: str) -> str:
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 {includes}
+#include "{CPU_KERNEL_HEADER}"
+
 namespace at {{
 namespace {{
 

@@ -18,6 +18,9 @@ NATIVE_HEADER = "OpenRegNativeFunctions.h"
 # class template in cpp_namespace whose `run` calls a stub's CPU kernel.
 CPU_KERNEL_HEADER = "aten/native/CpuStub.h"
 CPU_KERNEL_TEMPLATE = "CpuKernelOf"
+# Called between a structured op's meta() and impl(), with the op object
+# (declared in CPU_KERNEL_HEADER, in the backend's cpp_namespace).
+STRUCTURED_PREPARE = "prepare_structured_impl"
 
 
 @dataclass(frozen=True)

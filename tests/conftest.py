@@ -12,3 +12,10 @@ def _restore_current_device():
     before = torch.openreg.current_device()
     yield
     torch.openreg.set_device(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _report_device_memory_faults_first():
+    """pytest enables faulthandler after this file imported torch; put openreg's
+    report of host accesses to device memory back in front of it."""
+    torch_openreg._C._install_fault_handler()

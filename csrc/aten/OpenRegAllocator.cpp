@@ -1,46 +1,421 @@
+// The caching device allocator, shaped like c10/cuda/CUDACachingAllocator.cpp
+// in miniature.
+//
+// orMalloc is slow (a lock and a search in the runtime), so freed blocks stay
+// cached per device and per stream and are reused for later requests:
+// - sizes round up to 512 bytes; requests up to 1 MiB come from 2 MiB
+//   segments (the small pool), larger ones from segments of 20 MiB or of the
+//   request rounded to 2 MiB (the large pool);
+// - a cached block is split when it is much larger than the request, and
+//   neighbouring free blocks of one segment merge again;
+// - a block is only reused on the stream it was allocated on, so work queued
+//   on that stream is ordered before the new owner's; record_stream adds
+//   streams whose queued work must finish (tracked with events) before reuse;
+// - when the runtime is out of memory, cached segments are released and the
+//   request retried once; then torch.OutOfMemoryError.
 #include "OpenRegAllocator.h"
 
 #include <array>
+#include <deque>
+#include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_set>
 
 #include <c10/core/DeviceGuard.h>
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegStream.h"
 
 namespace openreg {
 namespace {
 
 using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::Stat;
 using c10::CachingDeviceAllocator::StatType;
 
-// What a DataPtr's context remembers, so the deleter can update the stats of
-// the device the memory came from.
-struct Block {
-  void* ptr;
-  size_t size;
-  c10::DeviceIndex device;
+constexpr size_t kMinBlockSize = 512;
+constexpr size_t kSmallSize = size_t{1} << 20;
+constexpr size_t kSmallBuffer = size_t{2} << 20;
+constexpr size_t kLargeBuffer = size_t{20} << 20;
+constexpr size_t kMinLargeAlloc = size_t{10} << 20;
+constexpr size_t kRoundLarge = size_t{2} << 20;
+
+struct Block;
+
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const;
 };
 
-// Without a cache (that arrives with the runtime issue) every allocation is its
-// own segment and reserved memory equals allocated memory.
+struct Pool {
+  explicit Pool(bool small) : small(small) {}
+  const bool small;
+  std::set<Block*, BlockOrder> free;
+};
+
+struct Block {
+  c10::DeviceIndex device;
+  c10::StreamId stream; // the stream the block was allocated on
+  size_t size;          // bytes of the block
+  size_t requested = 0; // bytes the caller asked for, while allocated
+  void* ptr;
+  Pool* pool;
+  bool allocated = false;
+  int pending_events = 0;
+  Block* prev = nullptr; // neighbours within the segment
+  Block* next = nullptr;
+  std::unordered_set<c10::StreamId> stream_uses;
+
+  Block(c10::DeviceIndex device, c10::StreamId stream, size_t size, void* ptr, Pool* pool)
+      : device(device), stream(stream), size(size), ptr(ptr), pool(pool) {}
+
+  bool whole_segment() const {
+    return prev == nullptr && next == nullptr;
+  }
+};
+
+bool BlockOrder::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) {
+    return a->stream < b->stream;
+  }
+  if (a->size != b->size) {
+    return a->size < b->size;
+  }
+  return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+}
+
+size_t round_size(size_t size) {
+  return size < kMinBlockSize ? kMinBlockSize : (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+size_t segment_size(size_t rounded) {
+  if (rounded <= kSmallSize) {
+    return kSmallBuffer;
+  }
+  if (rounded < kMinLargeAlloc) {
+    return kLargeBuffer;
+  }
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+std::string format_bytes(size_t bytes) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed;
+  if (bytes >= (size_t{1} << 30)) {
+    os << static_cast<double>(bytes) / (size_t{1} << 30) << " GiB";
+  } else if (bytes >= (size_t{1} << 20)) {
+    os << static_cast<double>(bytes) / (size_t{1} << 20) << " MiB";
+  } else if (bytes >= 1024) {
+    os << static_cast<double>(bytes) / 1024 << " KiB";
+  } else {
+    os << bytes << " bytes";
+  }
+  return os.str();
+}
+
+struct DeletedEvent {
+  orEvent_t event;
+  Block* block;
+};
+
+// Everything the allocator knows of one device, under one mutex.
+class DeviceCache {
+ public:
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+
+  Block* allocate(size_t requested, c10::StreamId stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    process_events();
+    const size_t size = round_size(requested);
+    Pool& pool = size <= kSmallSize ? small_ : large_;
+    Block* block = take_cached(pool, stream, size);
+    if (block == nullptr) {
+      block = new_segment(pool, stream, size, requested);
+    }
+    block = maybe_split(block, size);
+    block->allocated = true;
+    block->requested = requested;
+    active_.insert(block);
+    for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
+      const auto t = static_cast<size_t>(type);
+      stats_.allocation[t].increase(1);
+      stats_.active[t].increase(1);
+      stats_.allocated_bytes[t].increase(block->size);
+      stats_.active_bytes[t].increase(block->size);
+      stats_.requested_bytes[t].increase(requested);
+    }
+    return block;
+  }
+
+  void free(Block* block) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    block->allocated = false;
+    for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
+      const auto t = static_cast<size_t>(type);
+      stats_.allocation[t].decrease(1);
+      stats_.allocated_bytes[t].decrease(block->size);
+      stats_.requested_bytes[t].decrease(block->requested);
+    }
+    if (!block->stream_uses.empty()) {
+      // Other streams may still read or write it: reuse waits for their work.
+      for (c10::StreamId id : block->stream_uses) {
+        orEvent_t event = nullptr;
+        OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
+        OPENREG_CHECK(orEventRecord(event, raw_stream(stream_of(id))));
+        ++block->pending_events;
+        events_.push_back(DeletedEvent{event, block});
+      }
+      block->stream_uses.clear();
+      return;
+    }
+    release_to_pool(block);
+  }
+
+  void record_stream(Block* block, c10::StreamId stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stream != block->stream) {
+      block->stream_uses.insert(stream);
+    }
+  }
+
+  // Returns cached segments that no allocation uses to the runtime.
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    synchronize_events();
+    release_cached();
+  }
+
+  DeviceStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void reset_accumulated() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for_each_stat([](Stat& stat) { stat.reset_accumulated(); });
+    stats_.num_alloc_retries = 0;
+    stats_.num_ooms = 0;
+    stats_.num_device_alloc = 0;
+    stats_.num_device_free = 0;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for_each_stat([](Stat& stat) { stat.reset_peak(); });
+  }
+
+ private:
+  static StatType pool_type(const Pool& pool) {
+    return pool.small ? StatType::SMALL_POOL : StatType::LARGE_POOL;
+  }
+
+  c10::Stream stream_of(c10::StreamId id) const {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_), id);
+  }
+
+  template <typename Fn>
+  void for_each_stat(Fn fn) {
+    for (auto* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                        &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                        &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+      for (auto& stat : *array) {
+        fn(stat);
+      }
+    }
+  }
+
+  static Block* take_cached(Pool& pool, c10::StreamId stream, size_t size) {
+    Block key(0, stream, size, nullptr, &pool);
+    auto it = pool.free.lower_bound(&key);
+    if (it == pool.free.end() || (*it)->stream != stream) {
+      return nullptr;
+    }
+    Block* block = *it;
+    pool.free.erase(it);
+    return block;
+  }
+
+  Block* new_segment(Pool& pool, c10::StreamId stream, size_t size, size_t requested) {
+    const size_t bytes = segment_size(size);
+    void* ptr = nullptr;
+    orError status = device_malloc(&ptr, bytes);
+    if (status == orError::MemoryAllocation) {
+      // Free what the cache holds and try once more, as CUDA's allocator does.
+      ++stats_.num_alloc_retries;
+      synchronize_events();
+      release_cached();
+      status = device_malloc(&ptr, bytes);
+    }
+    if (status == orError::MemoryAllocation) {
+      ++stats_.num_ooms;
+      raise_oom(requested);
+    }
+    OPENREG_CHECK(status);
+    for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
+      const auto t = static_cast<size_t>(type);
+      stats_.segment[t].increase(1);
+      stats_.reserved_bytes[t].increase(bytes);
+    }
+    return new Block(device_, stream, bytes, ptr, &pool);
+  }
+
+  orError device_malloc(void** ptr, size_t bytes) {
+    const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
+    const orError status = orMalloc(ptr, bytes);
+    if (status == orError::Success) {
+      ++stats_.num_device_alloc;
+    }
+    return status;
+  }
+
+  [[noreturn]] void raise_oom(size_t requested) {
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    size_t free = 0;
+    size_t total = 0;
+    {
+      const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
+      OPENREG_CHECK(orMemGetInfo(&free, &total));
+    }
+    const auto allocated = static_cast<size_t>(stats_.allocated_bytes[agg].current);
+    const auto reserved = static_cast<size_t>(stats_.reserved_bytes[agg].current);
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(requested),
+        ". openreg:", static_cast<int>(device_), " has a total capacity of ", format_bytes(total), " of which ",
+        format_bytes(free), " is free. Of the allocated memory ", format_bytes(allocated),
+        " is allocated by PyTorch, and ", format_bytes(reserved - allocated),
+        " is reserved by PyTorch but unallocated. Free tensors you no longer need, or set "
+        "OPENREG_DEVICE_MEMORY (e.g. OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger "
+        "device.");
+  }
+
+  // Splits off the tail of a block much larger than `size` as a free block.
+  Block* maybe_split(Block* block, size_t size) {
+    const size_t remaining = block->size - size;
+    const bool split = block->pool->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (!split) {
+      return block;
+    }
+    auto* rest = new Block(device_, block->stream, remaining, static_cast<char*>(block->ptr) + size, block->pool);
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) {
+      rest->next->prev = rest;
+    }
+    block->next = rest;
+    block->size = size;
+    block->pool->free.insert(rest);
+    return block;
+  }
+
+  void release_to_pool(Block* block) {
+    active_.erase(block);
+    for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
+      const auto t = static_cast<size_t>(type);
+      stats_.active[t].decrease(1);
+      stats_.active_bytes[t].decrease(block->size);
+    }
+    for (Block* neighbour : {block->prev, block->next}) {
+      if (neighbour != nullptr && !neighbour->allocated && neighbour->pending_events == 0 &&
+          block->pool->free.erase(neighbour) == 1) {
+        merge(block, neighbour);
+      }
+    }
+    block->pool->free.insert(block);
+  }
+
+  static void merge(Block* into, Block* other) {
+    if (other == into->prev) {
+      into->ptr = other->ptr;
+      into->prev = other->prev;
+      if (into->prev != nullptr) {
+        into->prev->next = into;
+      }
+    } else {
+      into->next = other->next;
+      if (into->next != nullptr) {
+        into->next->prev = into;
+      }
+    }
+    into->size += other->size;
+    delete other;
+  }
+
+  void process_events() {
+    while (!events_.empty()) {
+      const DeletedEvent& front = events_.front();
+      const orError status = orEventQuery(front.event);
+      if (status == orError::NotReady) {
+        return;
+      }
+      finish_event(front);
+      events_.pop_front();
+    }
+  }
+
+  void synchronize_events() {
+    for (const DeletedEvent& e : events_) {
+      OPENREG_CHECK(orEventSynchronize(e.event));
+      finish_event(e);
+    }
+    events_.clear();
+  }
+
+  void finish_event(const DeletedEvent& e) {
+    OPENREG_CHECK(orEventDestroy(e.event));
+    if (--e.block->pending_events == 0) {
+      release_to_pool(e.block);
+    }
+  }
+
+  void release_cached() {
+    for (Pool* pool : {&small_, &large_}) {
+      for (auto it = pool->free.begin(); it != pool->free.end();) {
+        Block* block = *it;
+        if (!block->whole_segment()) {
+          ++it;
+          continue;
+        }
+        it = pool->free.erase(it);
+        OPENREG_CHECK(orFree(block->ptr));
+        ++stats_.num_device_free;
+        for (StatType type : {StatType::AGGREGATE, pool_type(*pool)}) {
+          const auto t = static_cast<size_t>(type);
+          stats_.segment[t].decrease(1);
+          stats_.reserved_bytes[t].decrease(block->size);
+        }
+        delete block;
+      }
+    }
+  }
+
+  const c10::DeviceIndex device_;
+  std::mutex mutex_;
+  Pool small_{true};
+  Pool large_{false};
+  std::unordered_set<Block*> active_;
+  std::deque<DeletedEvent> events_;
+  DeviceStats stats_;
+};
+
 class OpenRegAllocator final : public c10::DeviceAllocator {
  public:
+  OpenRegAllocator() {
+    for (c10::DeviceIndex i = 0; i < kMaxDevices; ++i) {
+      caches_[i] = std::make_unique<DeviceCache>(i);
+    }
+  }
+
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex device = current_device();
-    void* ptr = nullptr;
-    const orError status = orMalloc(&ptr, nbytes);
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, status != orError::MemoryAllocation,
-        "openreg out of memory: tried to allocate ", nbytes, " bytes on openreg:",
-        static_cast<int>(device), ".");
-    OPENREG_CHECK(status);
+    const c10::Device where(c10::DeviceType::PrivateUse1, device);
     if (nbytes == 0) {
-      return {nullptr, nullptr, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device)};
+      return {nullptr, nullptr, &delete_block, where};
     }
-    record(device, static_cast<int64_t>(nbytes));
-    auto* block = new Block{ptr, nbytes, device};
-    return {ptr, block, &delete_block, c10::Device(c10::DeviceType::PrivateUse1, device)};
+    Block* block = caches_[device]->allocate(nbytes, current_stream(device).id());
+    return {block->ptr, block, &delete_block, where};
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -56,81 +431,66 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
   }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    // Nothing is cached: freed blocks go straight back to the runtime.
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i) {
+      caches_[i]->empty_cache();
+    }
   }
 
-  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {
-    // Each device has one in-order stream, so no cross-stream reuse can happen.
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    if (ptr.get_deleter() != &delete_block || ptr.get_context() == nullptr) {
+      return; // not ours (or empty): nothing to track, as in CUDA
+    }
+    auto* block = static_cast<Block*>(ptr.get_context());
+    TORCH_CHECK(
+        stream.device() == c10::Device(c10::DeviceType::PrivateUse1, block->device),
+        "record_stream: the stream is on ", stream.device(), " but the tensor's memory is on openreg:",
+        static_cast<int>(block->device), "; record a stream of the tensor's own device.");
+    caches_[block->device]->record_stream(block, stream.id());
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     check_device_index(device);
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_[device];
+    return caches_[device]->stats();
   }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     check_device_index(device);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& s = stats_[device];
-    for_each_stat(s, [](c10::CachingDeviceAllocator::Stat& stat) { stat.reset_accumulated(); });
-    s.num_alloc_retries = 0;
-    s.num_ooms = 0;
+    caches_[device]->reset_accumulated();
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
     check_device_index(device);
-    std::lock_guard<std::mutex> lock(mutex_);
-    for_each_stat(stats_[device], [](c10::CachingDeviceAllocator::Stat& stat) { stat.reset_peak(); });
+    caches_[device]->reset_peak();
   }
 
-  void release(const Block& block) {
-    OPENREG_CHECK(orFree(block.ptr));
-    record(block.device, -static_cast<int64_t>(block.size));
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_device_index(device);
+    const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+    size_t free = 0;
+    size_t total = 0;
+    OPENREG_CHECK(orMemGetInfo(&free, &total));
+    return {free, total};
+  }
+
+  void free_block(Block* block) {
+    caches_[block->device]->free(block);
   }
 
  private:
   static void delete_block(void* ctx);
 
-  template <typename Fn>
-  static void for_each_stat(DeviceStats& s, Fn fn) {
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) {
-        fn(stat);
-      }
-    }
-  }
-
-  void record(c10::DeviceIndex device, int64_t delta) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& s = stats_[device];
-    const int64_t count = delta > 0 ? 1 : -1;
-    const size_t agg = static_cast<size_t>(StatType::AGGREGATE);
-    for (auto* array : {&s.allocation, &s.segment, &s.active}) {
-      (*array)[agg].increase(count);
-    }
-    for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      (*array)[agg].increase(delta);
-    }
-  }
-
-  std::mutex mutex_;
-  std::array<DeviceStats, kMaxDevices> stats_;
+  std::array<std::unique_ptr<DeviceCache>, kMaxDevices> caches_;
 };
 
 OpenRegAllocator& allocator_instance() {
-  static OpenRegAllocator instance;
-  return instance;
+  static auto* instance = new OpenRegAllocator(); // leaked: tensors may die after static dtors
+  return *instance;
 }
 
 void OpenRegAllocator::delete_block(void* ctx) {
-  if (ctx == nullptr) {
-    return;
+  if (ctx != nullptr) {
+    allocator_instance().free_block(static_cast<Block*>(ctx));
   }
-  auto* block = static_cast<Block*>(ctx);
-  allocator_instance().release(*block);
-  delete block;
 }
 
 // REGISTER_ALLOCATOR (c10/core/Allocator.h) installs it for every PrivateUse1 storage.
@@ -153,6 +513,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes) {
   c10::DataPtr fresh = alloc->allocate(new_nbytes);
   const size_t keep = std::min(storage->nbytes(), new_nbytes);
   if (keep > 0) {
+    join_current_stream(device.index());
     OPENREG_CHECK(orMemcpy(fresh.get(), storage->data(), keep, orMemcpyKind::DeviceToDevice));
   }
   storage->set_data_ptr_noswap(std::move(fresh));

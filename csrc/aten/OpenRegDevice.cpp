@@ -1,22 +1,43 @@
 #include "OpenRegDevice.h"
 
+#include <pthread.h>
+
 #include <atomic>
+#include <mutex>
 
 #include "OpenRegException.h"
 
 namespace openreg {
 namespace {
 std::atomic<bool> initialized{false};
+// Set in a child forked after initialisation: the child has none of the
+// parent's stream worker threads, and its copy of the runtime's locks may be
+// held, so it must not use openreg (CUDA refuses the same way).
+std::atomic<bool> in_bad_fork{false};
+
+void mark_child_bad() {
+  in_bad_fork.store(true, std::memory_order_relaxed);
 }
+} // namespace
 
 void ensure_initialized() {
   if (initialized.load(std::memory_order_acquire)) {
+    TORCH_CHECK(
+        !in_bad_fork.load(std::memory_order_relaxed),
+        "Cannot re-initialize openreg in a forked subprocess. To use openreg with multiprocessing, "
+        "you must use the 'spawn' start method (torch.multiprocessing.set_start_method('spawn')).");
     return;
   }
+  static std::once_flag once;
   const char* message = nullptr;
   orError status = orInit(&message);
   TORCH_CHECK(status == orError::Success, message);
+  std::call_once(once, [] { pthread_atfork(nullptr, nullptr, &mark_child_bad); });
   initialized.store(true, std::memory_order_release);
+}
+
+bool in_forked_child() {
+  return in_bad_fork.load(std::memory_order_relaxed);
 }
 
 bool is_initialized() {

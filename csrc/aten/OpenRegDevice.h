@@ -9,6 +9,8 @@ namespace openreg {
 // Throws a c10::Error explaining a malformed OPENREG_DEVICE_COUNT; otherwise no-op.
 void ensure_initialized();
 bool is_initialized();
+// True in a child process forked after openreg was initialised in its parent.
+bool in_forked_child();
 c10::DeviceIndex device_count() noexcept;
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);

@@ -13,6 +13,7 @@
 #include "OpenRegException.h"
 #include "OpenRegGenerator.h"
 #include "OpenRegHostAlias.h"
+#include "OpenRegStream.h"
 
 namespace openreg {
 namespace {
@@ -85,6 +86,7 @@ class FallbackCall {
       std::optional<c10::DeviceGuard> guard;
       if (device_) {
         guard.emplace(*device_);
+        join_current_stream(device_->index());
       }
       op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
     }
@@ -211,7 +213,7 @@ class FallbackCall {
     const c10::Storage& host = alias_impl->storage();
     c10::StorageImpl* device_storage = device_impl->storage().unsafeGetStorageImpl();
     const void* host_data = host.unsafeGetStorageImpl()->data_ptr().get();
-    if (host_data != device_storage->data_ptr().get()) {
+    if (host_data != orKernelAddress(device_storage->data_ptr().get())) {
       // The CPU kernel resized the alias (out= of another size). Its new bytes
       // are device memory: the device storage adopts them, no copy.
       std::optional<c10::DataPtr> grown;

@@ -2,7 +2,9 @@
 // and torch.accelerator use to switch the current openreg device.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "OpenRegAllocator.h"
 #include "OpenRegDevice.h"
+#include "OpenRegStream.h"
 #include "OpenRegException.h"
 
 namespace openreg {
@@ -39,33 +41,124 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     (void)orSetDevice(d.index());
   }
 
-  // One in-order default stream per device until the runtime gains streams.
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return current_stream(d.index());
   }
 
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return default_stream(d.index());
+  }
+
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return stream_from_pool(d.index(), priority);
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool is_high_priority) const override {
+    return stream_from_pool(d.index(), is_high_priority ? -1 : 0);
   }
 
   c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+    return exchange_stream(s);
+  }
+
+  void* getStreamNativeHandle(const c10::Stream s) const override {
+    return raw_stream(s);
   }
 
   c10::DeviceIndex deviceCount() const noexcept override {
     return device_count();
   }
 
-  bool queryStream(const c10::Stream& /*stream*/) const override {
-    return true; // work is synchronous, so a stream is always idle
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device_index(d.index());
+    // Every dtype the CPU kernels handle runs on openreg.
+    return c10::DeviceCapability();
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    const orError status = orStreamQuery(raw_stream(stream));
+    if (status == orError::NotReady) {
+      return false;
+    }
+    OPENREG_CHECK(status);
+    return true;
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
-    synchronize(stream.device_index());
+    synchronize_stream(stream);
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     synchronize(device_index);
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
+    device_allocator()->recordStream(data_ptr, stream);
+  }
+
+  // Events: torch.Event and c10::Event create the runtime event lazily, on
+  // their first record, with timing when the flag asks for it.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(
+        device_index == -1 || device_index == stream.device_index(), "event of openreg:",
+        static_cast<int>(device_index), " cannot be recorded on a stream of openreg:",
+        static_cast<int>(stream.device_index()), ": record it on a stream of its own device.");
+    orStream_t raw = raw_stream(stream);
+    if (*event == nullptr) {
+      orEvent_t created = nullptr;
+      OPENREG_CHECK(orEventCreateWithFlags(
+          &created, flag == c10::EventFlag::BACKEND_DEFAULT ? orEventDefault : orEventDisableTiming));
+      *event = created;
+    }
+    OPENREG_CHECK(orEventRecord(static_cast<orEvent_t>(*event), raw));
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) {
+      return; // never recorded: nothing to wait for, as in CUDA
+    }
+    OPENREG_CHECK(orStreamWaitEvent(raw_stream(stream), static_cast<orEvent_t>(event)));
+  }
+
+  bool queryEvent(void* event) const override {
+    if (event == nullptr) {
+      return true;
+    }
+    const orError status = orEventQuery(static_cast<orEvent_t>(event));
+    if (status == orError::NotReady) {
+      return false;
+    }
+    OPENREG_CHECK(status);
+    return true;
+  }
+
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) {
+      OPENREG_CHECK(orEventSynchronize(static_cast<orEvent_t>(event)));
+    }
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    if (event != nullptr) {
+      (void)orEventDestroy(static_cast<orEvent_t>(event));
+    }
+  }
+
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+    TORCH_CHECK(
+        start != nullptr && end != nullptr,
+        "Both events must be recorded before calculating elapsed time.");
+    float ms = 0;
+    const orError status = orEventElapsedTime(&ms, static_cast<orEvent_t>(start), static_cast<orEvent_t>(end));
+    TORCH_CHECK(
+        status != orError::InvalidHandle,
+        "Both events must be created with enable_timing=True to calculate elapsed time.");
+    TORCH_CHECK(
+        status != orError::NotReady,
+        "Both events must be completed before calculating elapsed time: call synchronize() on the end event first.");
+    OPENREG_CHECK(status);
+    return ms;
   }
 
  private:

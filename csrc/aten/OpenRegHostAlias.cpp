@@ -9,11 +9,10 @@
 #include <c10/core/TensorImpl.h>
 
 #include "aten/OpenRegAllocator.h"
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg {
 namespace {
-
-constexpr size_t kMaxDevices = 16; // orInit's limit on OPENREG_DEVICE_COUNT
 
 void release_device_storage(void* ctx) {
   delete static_cast<c10::Storage*>(ctx);
@@ -37,7 +36,7 @@ class GrowthAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index_));
     auto* device = new c10::DataPtr(device_allocator()->allocate(nbytes));
-    return c10::DataPtr(device->get(), device, &release_grown, c10::Device(c10::DeviceType::CPU));
+    return c10::DataPtr(orKernelAddress(device->get()), device, &release_grown, c10::Device(c10::DeviceType::CPU));
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -55,7 +54,7 @@ class GrowthAllocator final : public c10::Allocator {
 GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
   static std::array<GrowthAllocator, kMaxDevices> allocators = [] {
     std::array<GrowthAllocator, kMaxDevices> a;
-    for (size_t i = 0; i < kMaxDevices; ++i) {
+    for (int i = 0; i < kMaxDevices; ++i) {
       a[i].set_device(static_cast<c10::DeviceIndex>(i));
     }
     return a;
@@ -67,7 +66,7 @@ GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
 
 c10::Storage host_alias_storage(const c10::Storage& device_storage) {
   auto* keep_alive = new c10::Storage(device_storage);
-  void* data = device_storage.unsafeGetStorageImpl()->data_ptr().get();
+  void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
   c10::DataPtr ptr(data, keep_alive, &release_device_storage, c10::Device(c10::DeviceType::CPU));
   const c10::DeviceIndex index = device_storage.device().has_index() ? device_storage.device().index() : 0;
   return c10::Storage(

@@ -1,7 +1,9 @@
 // Host aliases: CPU tensors that view the bytes of openreg tensors.
 //
 // The simulated device's memory is host memory, so a "device kernel" is a CPU
-// kernel run on a CPU tensor that aliases device memory. Copies, .item() and the
+// kernel run on a CPU tensor that aliases device memory at the address the
+// runtime gives kernels (orKernelAddress); the device address itself is not
+// accessible from host code. Copies, .item() and the
 // CPU fallback all go through these two functions; they are the single place
 // that decides how host code may reach device memory.
 #pragma once

@@ -1,45 +1,124 @@
+// The pinned host allocator: torch's own caching machinery
+// (ATen/core/CachingHostAllocator.h, as CUDA and XPU use it) over the
+// runtime's page-locked memory. A pinned block that an asynchronous copy used
+// is only reused once that copy's stream has passed an event recorded at
+// free time (Copy.cpp records the stream through record_event).
 #include "OpenRegHostAllocator.h"
 
 #include <cstring>
 
+#include <ATen/core/CachingHostAllocator.h>
+
+#include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegStream.h"
 
 namespace openreg {
 namespace {
 
-// No cache yet: every pinned block goes straight to and from the runtime.
-class PinnedHostAllocator final : public c10::Allocator {
+// A movable owner of one runtime event, the E of CachingHostAllocatorImpl.
+class HostEvent {
  public:
-  c10::DataPtr allocate(size_t nbytes) override {
-    void* ptr = nullptr;
-    const orError status = orMallocHost(&ptr, nbytes);
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, status != orError::MemoryAllocation,
-        "openreg could not allocate ", nbytes, " bytes of pinned host memory.");
+  HostEvent() {
+    OPENREG_CHECK(orEventCreateWithFlags(&event_, orEventDisableTiming));
+  }
+  HostEvent(HostEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  HostEvent& operator=(HostEvent&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  HostEvent(const HostEvent&) = delete;
+  HostEvent& operator=(const HostEvent&) = delete;
+  ~HostEvent() {
+    if (event_ != nullptr) {
+      (void)orEventDestroy(event_);
+    }
+  }
+
+  void record(const c10::Stream& stream) {
+    OPENREG_CHECK(orEventRecord(event_, raw_stream(stream)));
+  }
+
+  bool query() const {
+    const orError status = orEventQuery(event_);
+    if (status == orError::NotReady) {
+      return false;
+    }
     OPENREG_CHECK(status);
-    return {ptr, ptr, &release, c10::Device(c10::DeviceType::CPU)};
+    return true;
   }
 
-  c10::DeleterFnPtr raw_deleter() const override {
-    return &release;
-  }
+ private:
+  orEvent_t event_ = nullptr;
+};
 
+struct PinnedCache final : public at::CachingHostAllocatorImpl<c10::Stream, HostEvent> {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
 
  private:
-  static void release(void* ptr) {
-    // A deleter must not throw; the pointer came from orMallocHost.
-    (void)orFreeHost(ptr);
+  void allocate_host_memory(size_t size, void** ptr) override {
+    const orError status = orMallocHost(ptr, size);
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, status != orError::MemoryAllocation, "openreg could not allocate ", size,
+        " bytes of pinned host memory: free pinned tensors or call torch.accelerator.empty_host_cache().");
+    OPENREG_CHECK(status);
+  }
+
+  void free_block(at::HostBlock<c10::Stream>* block) override {
+    OPENREG_CHECK(orFreeHost(block->ptr_));
+  }
+
+  void record_stream(std::optional<std::vector<HostEvent>>& events, c10::Stream stream) override {
+    HostEvent event;
+    event.record(stream);
+    events->push_back(std::move(event));
+  }
+
+  bool query_event(HostEvent& event) override {
+    return event.query();
+  }
+
+  c10::Stream get_current_stream() const override {
+    return current_stream(current_device());
+  }
+
+  bool stream_is_capturing(c10::Stream /*stream*/) const override {
+    return false; // openreg has no graph capture
+  }
+
+  bool pinned_use_background_threads() override {
+    return false;
+  }
+
+};
+
+void delete_pinned(void* ctx);
+
+struct PinnedHostAllocator final : public at::CachingHostAllocatorInterface<PinnedCache, delete_pinned> {};
+
+PinnedHostAllocator& instance() {
+  static auto* allocator = new PinnedHostAllocator(); // leaked: pinned tensors may outlive static dtors
+  return *allocator;
+}
+
+void delete_pinned(void* ctx) {
+  instance().free(ctx);
+}
+
+// torch.accelerator.empty_host_cache and host memory stats find it here.
+struct RegisterHostAllocator {
+  RegisterHostAllocator() {
+    at::setHostAllocator(c10::DeviceType::PrivateUse1, &instance());
   }
 };
+const RegisterHostAllocator register_host_allocator;
 
 } // namespace
 
-c10::Allocator* pinned_host_allocator() {
-  static PinnedHostAllocator instance;
-  return &instance;
+at::HostAllocator* pinned_host_allocator() {
+  return &instance();
 }
 
 } // namespace openreg

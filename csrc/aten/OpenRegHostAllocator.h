@@ -2,10 +2,10 @@
 // non-blocking device-to-host copies allocate (through the PrivateUse1 hooks).
 #pragma once
 
-#include <c10/core/Allocator.h>
+#include <ATen/core/CachingHostAllocator.h>
 
 namespace openreg {
 
-c10::Allocator* pinned_host_allocator();
+at::HostAllocator* pinned_host_allocator();
 
 } // namespace openreg

@@ -1,9 +1,25 @@
 // The simulated openreg driver API.
 //
 // This layer plays the role the CUDA driver/runtime plays for torch.cuda: device
-// enumeration, the current device of a thread, device memory and copies. It knows
-// nothing of tensors, ATen or Python; everything above it (allocator, guard,
-// hooks, kernels) talks to the "hardware" only through these functions.
+// enumeration, the current device of a thread, device memory, streams, events
+// and copies. It knows nothing of tensors, ATen or Python; everything above it
+// (allocator, guard, hooks, kernels) talks to the "hardware" only through these
+// functions.
+//
+// Device memory. Each device owns a fixed-size region of address space
+// (OPENREG_DEVICE_MEMORY bytes). Device addresses, the ones orMalloc returns
+// and torch stores in tensors, are mapped PROT_NONE: host code that
+// dereferences one faults, and the fault handler installed by orInit ends the
+// process naming openreg and the allocation. The bytes live in a second
+// mapping at a fixed offset from the first; kernels (host code in this
+// simulation) reach them through orKernelAddress. Translating costs one
+// comparison and one addition, no system call, so native kernels keep CPU
+// speed.
+//
+// Streams. Each stream is an in-order queue served by its own worker thread.
+// Asynchronous copies and event records run on the worker; kernels run in the
+// thread that launches them once earlier work on their stream has finished
+// (orStreamSynchronize), which keeps them ordered with the stream's copies.
 #pragma once
 
 #include <cstddef>
@@ -13,11 +29,13 @@ namespace openreg {
 
 enum class orError {
   Success = 0,
-  InvalidDevice,       // device index outside [0, device count)
-  InvalidValue,        // null pointer where one is required, bad kind, ...
-  MemoryAllocation,    // the host could not provide the memory
-  InvalidPointer,      // the pointer is not (inside) a live openreg allocation
-  InvalidConfiguration // OPENREG_DEVICE_COUNT is malformed
+  InvalidDevice,        // device index outside [0, device count)
+  InvalidValue,         // null pointer where one is required, bad kind, ...
+  MemoryAllocation,     // the device (or host) has no room for the request
+  InvalidPointer,       // the pointer is not (inside) a live openreg allocation
+  InvalidConfiguration, // OPENREG_DEVICE_COUNT / OPENREG_DEVICE_MEMORY malformed
+  NotReady,             // the stream or event still has work pending
+  InvalidHandle,        // event without timing, event never recorded, ...
 };
 
 enum class orMemcpyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
@@ -26,34 +44,97 @@ struct orPointerAttributes {
   bool is_device = false;      // true when the pointer lies inside a device allocation
   bool is_pinned_host = false; // true when it lies inside page-locked host memory
   int device = -1;             // owning device, when is_device
-  void* base = nullptr;   // start of the owning allocation
-  size_t size = 0;        // size of the owning allocation in bytes
+  void* base = nullptr;        // start of the owning allocation
+  size_t size = 0;             // size of the owning allocation in bytes
+};
+
+struct orDeviceProp {
+  char name[64];
+  size_t total_memory;
+  int major; // "compute capability" of the simulated device
+  int minor;
+  int multi_processor_count; // host threads a kernel may use
 };
 
 // Largest device count OPENREG_DEVICE_COUNT may ask for.
 constexpr int kMaxDevices = 16;
 constexpr int kDefaultDeviceCount = 2;
+// Device memory per device unless OPENREG_DEVICE_MEMORY says otherwise.
+constexpr size_t kDefaultDeviceMemory = size_t{8} << 30;
 
 const char* orGetErrorString(orError error);
 
-// Reads OPENREG_DEVICE_COUNT once. On InvalidConfiguration, `message` (if given)
-// receives a sentence saying what was wrong and how to fix it.
+// Reads OPENREG_DEVICE_COUNT and OPENREG_DEVICE_MEMORY and maps device memory,
+// once. On InvalidConfiguration, `message` (if given) receives a sentence
+// saying what was wrong and how to fix it.
 orError orInit(const char** message = nullptr);
+// (Re)installs the fault handler in front of any SIGSEGV handler installed
+// after orInit; a no-op when it is already first.
+orError orInstallFaultHandler();
 orError orGetDeviceCount(int* count);
 orError orGetDevice(int* device);
 orError orSetDevice(int device);
+orError orGetDeviceProperties(orDeviceProp* prop, int device);
+// Free and total device memory of the current device.
+orError orMemGetInfo(size_t* free, size_t* total);
+// Waits for all work queued on every stream of `device`.
+orError orDeviceSynchronize(int device);
 
-// Allocates `size` bytes on the current device. A zero-byte request yields nullptr.
+// Allocates `size` bytes on the current device. A zero-byte request yields
+// nullptr. Like cudaMalloc this is slow (a lock and a search): callers cache.
 orError orMalloc(void** ptr, size_t size);
+// Like cudaFree, waits for the device's streams first.
 orError orFree(void* ptr);
 // Page-locked ("pinned") host memory, the source and target of asynchronous copies.
 orError orMallocHost(void** ptr, size_t size);
 orError orFreeHost(void* ptr);
-orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
 orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr);
-// Waits for all work queued on `device`. Work is synchronous in this simulation,
-// so this only validates the index; it exists so the layers above are written
-// as they would be for asynchronous hardware.
-orError orDeviceSynchronize(int device);
+
+// The address at which a kernel reaches the device memory at `ptr`. Any other
+// pointer (host memory) is returned unchanged, so translating twice is harmless.
+void* orKernelAddress(void* ptr);
+const void* orKernelAddress(const void* ptr);
+// True when `ptr` is a device address (live or not), i.e. host code must not
+// dereference it.
+bool orIsDeviceAddress(const void* ptr);
+
+// Synchronous copy. The device side(s) must be live device ranges.
+orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
+
+// -- streams and events -----------------------------------------------------------
+
+struct orStream;
+using orStream_t = orStream*;
+struct orEvent;
+using orEvent_t = orEvent*;
+
+// Lower numbers are higher priorities, as in CUDA; a priority outside
+// [greatest, least] is clamped.
+orError orDeviceGetStreamPriorityRange(int* least, int* greatest);
+// The default stream of `device`; it lives as long as the process.
+orError orStreamGetDefault(orStream_t* stream, int device);
+// A new stream on the current device. Streams are never destroyed: torch keeps
+// stream handles in pools for the life of the process, as it does for CUDA.
+orError orStreamCreateWithPriority(orStream_t* stream, int priority);
+orError orStreamGetDevice(orStream_t stream, int* device);
+orError orStreamGetPriority(orStream_t stream, int* priority);
+// Success when all work queued so far has finished, NotReady otherwise.
+orError orStreamQuery(orStream_t stream);
+orError orStreamSynchronize(orStream_t stream);
+// Later work on `stream` waits until `event`'s last record has completed.
+orError orStreamWaitEvent(orStream_t stream, orEvent_t event);
+orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream);
+// Runs fn(data) on the stream's worker after earlier work, like cudaLaunchHostFunc.
+orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data);
+
+enum orEventFlags : unsigned { orEventDefault = 0, orEventDisableTiming = 2 };
+orError orEventCreateWithFlags(orEvent_t* event, unsigned flags);
+orError orEventDestroy(orEvent_t event);
+// Captures the work queued on `stream` so far; the event completes after it.
+orError orEventRecord(orEvent_t event, orStream_t stream);
+orError orEventQuery(orEvent_t event);
+orError orEventSynchronize(orEvent_t event);
+// Milliseconds between two completed events recorded with timing enabled.
+orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
 
 } // namespace openreg

@@ -13,6 +13,9 @@ __all__ = [
     "current_device",
     "device",
     "device_count",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
     "is_available",
     "is_initialized",
     "set_device",
@@ -112,6 +115,45 @@ class device:
         return False
 
 
+class _DeviceProperties:
+    """What torch.openreg.get_device_properties returns (fields as torch.cuda's)."""
+
+    def __init__(self, props: dict[str, Any]) -> None:
+        self.name: str = props["name"]
+        self.total_memory: int = props["total_memory"]
+        self.major: int = props["major"]
+        self.minor: int = props["minor"]
+        self.multi_processor_count: int = props["multi_processor_count"]
+
+    def __repr__(self) -> str:
+        return (
+            f"_OpenRegDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+            f"multi_processor_count={self.multi_processor_count})"
+        )
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    """Name, total memory and capability of ``device`` (default: the current device)."""
+    _lazy_init()
+    return _DeviceProperties(_C._get_device_properties(_device_index(device)))
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def _sleep(ms: float) -> None:
+    """Keeps the current stream busy for ``ms`` milliseconds (for tests, like torch.cuda._sleep)."""
+    _lazy_init()
+    _C._sleep(float(ms))
+
+
 def synchronize(device: Any = None) -> None:
     """Waits for all work on ``device`` (default: the current device)."""
     _lazy_init()
@@ -119,7 +161,9 @@ def synchronize(device: Any = None) -> None:
 
 
 # Imported last: they use the device functions above.
-from torch_openreg.openreg import random  # noqa: E402
+from torch_openreg.openreg import memory, random, streams  # noqa: E402
+from torch_openreg.openreg.memory import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.random import *  # noqa: E402,F401,F403
+from torch_openreg.openreg.streams import *  # noqa: E402,F401,F403
 
-__all__ += random.__all__
+__all__ += memory.__all__ + random.__all__ + streams.__all__

@@ -36,7 +36,7 @@ at::Tensor add_relu(const at::Tensor& self, const at::Tensor& other, const at::S
   TORCH_CHECK(
       iter.common_dtype() != at::kBool && !at::isComplexType(iter.common_dtype()),
       "openreg::add_relu: expected real, non-bool inputs, got ", self.scalar_type(), " and ", other.scalar_type());
-  PromoteLikeCpu promoted(iter);
+  AsCpuIterator cpu_iter(iter);
   AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "openreg::add_relu", [&] {
     using Vec = at::vec::Vectorized<scalar_t>;
     const auto a = alpha.to<scalar_t>();
@@ -50,7 +50,7 @@ at::Tensor add_relu(const at::Tensor& self, const at::Tensor& other, const at::S
         },
         [=](Vec x, Vec y) { return at::vec::maximum(x + a_vec * y, zero); });
   });
-  promoted.write_back();
+  cpu_iter.write_back();
   return iter.output();
 }
 

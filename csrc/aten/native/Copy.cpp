@@ -1,4 +1,7 @@
 // Copies between host and device and between devices, and .item().
+//
+// copy_(..., non_blocking=True) queues the copy on the current stream when it
+// can (see can_copy_async); every other copy is synchronous.
 #include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/copy.h>
@@ -8,6 +11,8 @@
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegHostAllocator.h"
+#include "aten/OpenRegStream.h"
 
 namespace openreg::native {
 namespace {
@@ -41,9 +46,46 @@ at::Tensor host_view(const at::Tensor& t) {
   return t.device().is_privateuseone() ? host_alias(t) : t;
 }
 
+// The device whose stream orders a copy: the destination's for copies into
+// openreg, else the source's.
+c10::DeviceIndex stream_device(const at::Tensor& src, const at::Tensor& dst) {
+  return dst.device().is_privateuseone() ? dst.device().index() : src.device().index();
+}
+
+// A non-blocking copy is asynchronous, as with CUDA, only when its host side
+// is pinned (a pageable host buffer could be freed or reused as soon as the
+// call returns) or when both sides are on the device.
+bool can_copy_async(const at::Tensor& src, const at::Tensor& dst) {
+  for (const at::Tensor* t : {&src, &dst}) {
+    if (t->is_cpu() && !t->is_pinned()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void copy_async(const at::Tensor& src, const at::Tensor& dst) {
+  const c10::Stream stream = current_stream(stream_device(src, dst));
+  if (src.device().is_privateuseone() && dst.device().is_privateuseone() && src.device() != dst.device()) {
+    // The source's device must have produced it first.
+    join_current_stream(src.device().index());
+  }
+  OPENREG_CHECK(orMemcpyAsync(
+      dst.mutable_data_ptr(), src.const_data_ptr(), dst.nbytes(), memcpy_kind(src, dst), raw_stream(stream)));
+  // The pinned block must not be reused before the copy has run
+  // (CachingHostAllocatorImpl::record_event); nor must the device block be
+  // handed to another stream (record_stream), as CUDA's copy_ does.
+  for (const at::Tensor* t : {&src, &dst}) {
+    if (t->is_cpu()) {
+      pinned_host_allocator()->record_event(
+          t->storage().mutable_data(), t->storage().data_ptr().get_context(), stream);
+    }
+  }
+}
+
 } // namespace
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   // Tensor::copy_ routes here (aten/src/ATen/native/Copy.cpp: copy_impl) whenever
   // either side is not a CPU/CUDA tensor; `self` is the source.
   for (const at::Tensor* t : {&self, &dst}) {
@@ -56,6 +98,16 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   }
   const at::Tensor& device_side = dst.device().is_privateuseone() ? dst : self;
   c10::DeviceGuard guard(device_side.device());
+  if (same_layout_dense(self, dst) && non_blocking && can_copy_async(self, dst)) {
+    copy_async(self, dst);
+    return dst;
+  }
+  // A synchronous copy runs after the work queued on the streams of both sides.
+  for (const at::Tensor* t : {&self, &dst}) {
+    if (t->device().is_privateuseone()) {
+      join_current_stream(t->device().index());
+    }
+  }
   if (same_layout_dense(self, dst)) {
     parallel_memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), dst.nbytes(), memcpy_kind(self, dst));
     return dst;
@@ -74,7 +126,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
-  synchronize(self.device().index());
+  join_current_stream(self.device().index());
   return at::_local_scalar_dense(host_alias(self));
 }
 

@@ -4,6 +4,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include "aten/OpenRegStream.h"
+#include "runtime/OpenRegRuntime.h"
+
 namespace openreg::native {
 namespace {
 
@@ -36,7 +39,22 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 
 } // namespace
 
-PromoteLikeCpu::PromoteLikeCpu(at::TensorIteratorBase& iter) {
+void use_kernel_addresses(at::TensorIteratorBase& iter) {
+  for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter, arg);
+    op.data = orKernelAddress(op.data);
+  }
+  if (iter.ntensors() > 0 && iter.device().is_privateuseone()) {
+    join_current_stream(iter.device().index());
+  }
+}
+
+AsCpuIterator::AsCpuIterator(at::TensorIteratorBase& iter) {
+  promote(iter);
+  use_kernel_addresses(iter);
+}
+
+void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
   const auto common = iter.maybe_common_dtype();
   if (!common.has_value()) {
     return;
@@ -67,7 +85,7 @@ PromoteLikeCpu::PromoteLikeCpu(at::TensorIteratorBase& iter) {
   }
 }
 
-void PromoteLikeCpu::write_back() {
+void AsCpuIterator::write_back() {
   for (auto& [output, promoted] : outputs_) {
     output.copy_(promoted);
   }

@@ -2,11 +2,15 @@
 // memory: a DispatchStub kernel for openreg calls the stub's CPU entry with the
 // same TensorIterator. This is what makes native ops run at CPU speed.
 //
-// One thing differs from a CPU iterator. TensorIteratorBase::compute_types only
-// promotes operands to the common dtype when the common device is CPU; CUDA's
-// kernels cast while loading instead. CPU kernels assume the operands already
-// have the common dtype, so run_cpu_stub first gives the iterator what CPU
-// would have had (promote_like_cpu) and casts outputs back afterwards.
+// Two things differ from a CPU iterator, and AsCpuIterator fixes both:
+// - TensorIteratorBase::compute_types only promotes operands to the common
+//   dtype when the common device is CPU (CUDA's kernels cast while loading).
+//   CPU kernels assume the operands already have the common dtype, so inputs
+//   are cast first and outputs cast back afterwards.
+// - The operands' data pointers are device addresses, which host code cannot
+//   dereference; they are replaced by the addresses kernels use
+//   (orKernelAddress).
+// It also orders the kernel after the work queued on the current stream.
 #pragma once
 
 #include <type_traits>
@@ -21,13 +25,15 @@ namespace openreg::native {
 // in the common dtype; outputs of another dtype (except bool outputs, which
 // the CPU comparison kernels write themselves) compute into a temporary that
 // write_back() copies into the caller's tensor. Iterators without a common
-// dtype are left alone.
-class PromoteLikeCpu {
+// dtype keep their dtypes. Every operand then points at kernel addresses.
+class AsCpuIterator {
  public:
-  explicit PromoteLikeCpu(at::TensorIteratorBase& iter);
+  explicit AsCpuIterator(at::TensorIteratorBase& iter);
   void write_back();
 
  private:
+  void promote(at::TensorIteratorBase& iter);
+
   // (caller's output, temporary in the common dtype). The output operand is
   // not exchanged: TensorIteratorBase::cast_outputs, which CPU's Loops.h calls,
   // would then copy through OperandInfo::original_tensor(), which
@@ -35,12 +41,28 @@ class PromoteLikeCpu {
   std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;
 };
 
+// Points every operand of `iter` at kernel addresses and orders the kernel
+// after the work queued on the current stream.
+void use_kernel_addresses(at::TensorIteratorBase& iter);
+
+// Called by the generated structured wrappers between meta() and impl()
+// (codegen STRUCTURED_PREPARE). Some CPU impls call their CPU kernel directly
+// rather than through the stub (gelu_out_cpu: GeluKernel(kCPU, ...)), so an
+// iterator must hold kernel addresses before impl() runs; the stubs impl()
+// reaches translate again, which changes nothing.
+template <typename Op>
+void prepare_structured_impl(Op& op) {
+  if constexpr (std::is_base_of_v<at::TensorIteratorBase, Op>) {
+    use_kernel_addresses(op);
+  }
+}
+
 // Iter is TensorIteratorBase or TensorIterator, whichever the stub takes.
 template <typename Stub, typename Iter, typename... Args>
 void run_cpu_stub(Stub& stub, Iter& iter, Args&&... args) {
-  PromoteLikeCpu promoted(iter);
+  AsCpuIterator cpu_iter(iter);
   stub(c10::DeviceType::CPU, iter, std::forward<Args>(args)...);
-  promoted.write_back();
+  cpu_iter.write_back();
 }
 
 // The openreg kernel of a stub declared with `cpu_kernel: true` in

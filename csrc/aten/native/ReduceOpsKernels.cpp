@@ -1,19 +1,24 @@
 // openreg kernels for reduction DispatchStubs that do not take a
 // TensorIterator (the ones that do run through `cpu_kernel: true`).
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegStream.h"
 
 namespace openreg::native {
 
 // max.dim's structured impl calls max_stub with tensors rather than an
-// iterator; torch's CPU kernel builds its own iterator over device memory,
-// whose operands all have the same dtype, so no promotion is needed.
+// iterator; torch's CPU kernel builds its own iterator over host aliases of
+// the device tensors. The operands all have the same dtype, so no promotion
+// is needed.
 void max_kernel(
     const at::Tensor& values,
     const at::Tensor& indices,
     const at::Tensor& self,
     int64_t dim,
     bool keepdim) {
-  at::native::max_stub(c10::DeviceType::CPU, values, indices, self, dim, keepdim);
+  join_current_stream(self.device().index());
+  at::native::max_stub(
+      c10::DeviceType::CPU, host_alias(values), host_alias(indices), host_alias(self), dim, keepdim);
 }
 
 } // namespace openreg::native

@@ -8,6 +8,8 @@
 #include <torch/library.h>
 #include <ATen/ops/neg_native.h>
 
+#include "aten/native/CpuStub.h"
+
 namespace at {
 namespace {
 
@@ -102,6 +104,7 @@ struct structured_neg_out_functional final : public at::native::structured_neg_o
 at::Tensor wrapper_PrivateUse1_neg(const at::Tensor & self) {
   structured_neg_out_functional op;
   op.meta(self);
+  ::demo::native::prepare_structured_impl(op);
   op.impl(self, op.outputs_[0]);
   return std::move(op.outputs_[0]);
 }
@@ -156,6 +159,7 @@ struct structured_neg_out_out final : public at::native::structured_neg_out {
 at::Tensor & wrapper_PrivateUse1_neg_out_out(const at::Tensor & self, at::Tensor & out) {
   structured_neg_out_out op(out);
   op.meta(self);
+  ::demo::native::prepare_structured_impl(op);
   op.impl(self, op.maybe_get_output(0));
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
@@ -213,6 +217,7 @@ struct structured_neg_out_inplace final : public at::native::structured_neg_out 
 at::Tensor & wrapper_PrivateUse1_neg_(at::Tensor & self) {
   structured_neg_out_inplace op(self);
   op.meta(self);
+  ::demo::native::prepare_structured_impl(op);
   op.impl(self, op.outputs_[0]);
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);

@@ -8,6 +8,8 @@
 #include <torch/library.h>
 #include <ATen/ops/max_native.h>
 
+#include "aten/native/CpuStub.h"
+
 namespace at {
 namespace {
 
@@ -101,6 +103,7 @@ struct structured_max_out_functional final : public at::native::structured_max_o
   structured_max_out_functional op;
   auto precompute = op.meta(self, dim, keepdim);
   (void)precompute;
+  ::demo::native::prepare_structured_impl(op);
   op.impl(self, precompute.dim, keepdim, op.outputs_[0], op.outputs_[1]);
   return std::make_tuple(std::move(op.outputs_[0]), std::move(op.outputs_[1]));
 }
@@ -154,6 +157,7 @@ struct structured_max_out_out final : public at::native::structured_max_out {
   structured_max_out_out op(max, max_values);
   auto precompute = op.meta(self, dim, keepdim);
   (void)precompute;
+  ::demo::native::prepare_structured_impl(op);
   op.impl(self, precompute.dim, keepdim, op.maybe_get_output(0), op.maybe_get_output(1));
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);

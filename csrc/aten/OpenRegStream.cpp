@@ -1,0 +1,121 @@
+#include "OpenRegStream.h"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "OpenRegDevice.h"
+#include "OpenRegException.h"
+
+namespace openreg {
+namespace {
+
+constexpr int kStreamsPerPool = 8;
+constexpr int kPriorityLevels = 2; // priority 0 and -1, orDeviceGetStreamPriorityRange
+
+struct DeviceStreams {
+  std::once_flag once;
+  orStream_t default_stream = nullptr;
+  std::array<std::array<std::once_flag, kStreamsPerPool>, kPriorityLevels> pool_once;
+  std::array<std::array<orStream_t, kStreamsPerPool>, kPriorityLevels> pool{};
+  std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
+};
+
+std::array<DeviceStreams, kMaxDevices>& devices() {
+  static auto* d = new std::array<DeviceStreams, kMaxDevices>(); // leaked with the streams
+  return *d;
+}
+
+// Current stream id per device of this thread; 0 is the default stream.
+thread_local std::array<c10::StreamId, kMaxDevices> current_ids{};
+
+int level_of(int priority) {
+  return priority < 0 ? 1 : 0;
+}
+
+c10::StreamId pool_id(int level, int index) {
+  return 1 + level * kStreamsPerPool + index;
+}
+
+orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
+  DeviceStreams& d = devices()[device];
+  std::call_once(d.pool_once[level][index], [&] {
+    const int previous = current_device();
+    set_device(device);
+    const orError status = orStreamCreateWithPriority(&d.pool[level][index], level == 1 ? -1 : 0);
+    set_device(static_cast<c10::DeviceIndex>(previous));
+    OPENREG_CHECK(status);
+  });
+  return d.pool[level][index];
+}
+
+c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
+}
+
+} // namespace
+
+orStream_t raw_stream(const c10::Stream& stream) {
+  TORCH_CHECK(
+      stream.device_type() == c10::DeviceType::PrivateUse1, "expected an openreg stream, got a ",
+      stream.device_type(), " stream");
+  const c10::DeviceIndex device = stream.device_index();
+  check_device_index(device);
+  const c10::StreamId id = stream.id();
+  if (id == 0) {
+    DeviceStreams& d = devices()[device];
+    std::call_once(d.once, [&] { OPENREG_CHECK(orStreamGetDefault(&d.default_stream, device)); });
+    return d.default_stream;
+  }
+  TORCH_CHECK(
+      id > 0 && id <= kPriorityLevels * kStreamsPerPool, "invalid openreg stream id ", id,
+      ": openreg streams come from torch.Stream(device=\"openreg\") or torch.openreg.Stream().");
+  const int level = static_cast<int>((id - 1) / kStreamsPerPool);
+  return pool_stream(device, level, static_cast<int>((id - 1) % kStreamsPerPool));
+}
+
+c10::Stream current_stream(c10::DeviceIndex device) {
+  check_device_index(device);
+  return make(device, current_ids[device]);
+}
+
+c10::Stream default_stream(c10::DeviceIndex device) {
+  check_device_index(device);
+  return make(device, 0);
+}
+
+c10::Stream exchange_stream(const c10::Stream& stream) {
+  (void)raw_stream(stream); // validates
+  const c10::DeviceIndex device = stream.device_index();
+  const c10::Stream previous = make(device, current_ids[device]);
+  current_ids[device] = stream.id();
+  return previous;
+}
+
+c10::Stream stream_from_pool(c10::DeviceIndex device, int priority) {
+  check_device_index(device);
+  const int level = level_of(priority);
+  const auto index = devices()[device].next[level].fetch_add(1) % kStreamsPerPool;
+  return make(device, pool_id(level, static_cast<int>(index)));
+}
+
+int stream_priority(const c10::Stream& stream) {
+  int priority = 0;
+  OPENREG_CHECK(orStreamGetPriority(raw_stream(stream), &priority));
+  return priority;
+}
+
+void synchronize_stream(const c10::Stream& stream) {
+  OPENREG_CHECK(orStreamSynchronize(raw_stream(stream)));
+}
+
+void join_current_stream(c10::DeviceIndex device) {
+  const c10::StreamId id = current_ids[device];
+  const c10::Stream stream = make(device, id);
+  orStream_t raw = raw_stream(stream);
+  if (orStreamQuery(raw) == orError::NotReady) {
+    OPENREG_CHECK(orStreamSynchronize(raw));
+  }
+}
+
+} // namespace openreg

@@ -1,0 +1,29 @@
+// c10::Stream <-> runtime stream, and the current stream of each thread.
+//
+// As for CUDA (c10/cuda/CUDAStream.h), a stream is named by a StreamId: 0 is
+// the device's default stream; the others come from a fixed pool per device
+// and priority, created on first use and handed out round-robin, so any
+// number of torch.Stream objects map onto a bounded set of worker threads.
+#pragma once
+
+#include <c10/core/Stream.h>
+
+#include "runtime/OpenRegRuntime.h"
+
+namespace openreg {
+
+orStream_t raw_stream(const c10::Stream& stream);
+c10::Stream current_stream(c10::DeviceIndex device);
+c10::Stream default_stream(c10::DeviceIndex device);
+// Makes `stream` current for its device on this thread; returns the previous one.
+c10::Stream exchange_stream(const c10::Stream& stream);
+c10::Stream stream_from_pool(c10::DeviceIndex device, int priority);
+int stream_priority(const c10::Stream& stream);
+void synchronize_stream(const c10::Stream& stream);
+
+// Kernels run in the thread that launches them; before one touches the
+// memory of `device`, the work queued on the current stream must be done
+// (an asynchronous copy into its input, say). One atomic load when idle.
+void join_current_stream(c10::DeviceIndex device);
+
+} // namespace openreg

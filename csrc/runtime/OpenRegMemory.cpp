@@ -1,0 +1,353 @@
+// Device memory (two views of one region per device), pinned host memory and
+// synchronous copies.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "OpenRegRuntimeInternal.h"
+
+namespace openreg {
+namespace {
+
+// cudaMalloc aligns to at least 256 bytes; 512 also covers any vector width
+// a CPU kernel may use on device memory.
+constexpr size_t kAlignment = 512;
+constexpr size_t kHostAlignment = 64;
+
+// The address-range allocator of one device: first fit over free ranges,
+// coalesced on free. Offsets are relative to the device's region.
+struct DeviceHeap {
+  std::mutex mutex;
+  std::map<size_t, size_t> free; // offset -> size
+  std::map<size_t, size_t> live; // offset -> size requested
+  std::map<size_t, size_t> live_rounded; // offset -> size reserved
+  size_t used = 0;
+};
+
+std::array<DeviceHeap, kMaxDevices>& heaps() {
+  static auto* h = new std::array<DeviceHeap, kMaxDevices>(); // leaked: outlives static dtors
+  return *h;
+}
+
+// Pinned host blocks by start address.
+std::mutex& host_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::map<uintptr_t, size_t>& host_blocks() {
+  static auto* r = new std::map<uintptr_t, size_t>();
+  return *r;
+}
+
+// The device whose region holds `addr`, or -1.
+int device_of(const detail::Config& c, uintptr_t addr) {
+  if (addr < c.device_base || addr >= c.device_base + c.device_memory * c.device_count) {
+    return -1;
+  }
+  return static_cast<int>((addr - c.device_base) / c.device_memory);
+}
+
+bool find_live(DeviceHeap& heap, size_t offset, size_t* base, size_t* size) {
+  auto it = heap.live.upper_bound(offset);
+  if (it == heap.live.begin()) {
+    return false;
+  }
+  --it;
+  if (offset >= it->first + it->second) {
+    return false;
+  }
+  *base = it->first;
+  *size = it->second;
+  return true;
+}
+
+// The device range [ptr, ptr + count) lies inside one live allocation.
+bool live_range(const void* ptr, size_t count) {
+  const detail::Config* c = detail::config();
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const int device = c == nullptr ? -1 : device_of(*c, addr);
+  if (device < 0) {
+    return false;
+  }
+  DeviceHeap& heap = heaps()[device];
+  const size_t offset = addr - c->device_base - device * c->device_memory;
+  size_t base = 0;
+  size_t size = 0;
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  return find_live(heap, offset, &base, &size) && offset + count <= base + size;
+}
+
+bool host_block(uintptr_t addr, uintptr_t* base, size_t* size) {
+  auto& blocks = host_blocks();
+  auto it = blocks.upper_bound(addr);
+  if (it == blocks.begin()) {
+    return false;
+  }
+  --it;
+  if (addr >= it->first + it->second) {
+    return false;
+  }
+  *base = it->first;
+  *size = it->second;
+  return true;
+}
+
+} // namespace
+
+namespace detail {
+
+orError map_device_memory(Config& config, std::string* message) {
+  const size_t total = config.device_memory * static_cast<size_t>(config.device_count);
+  // MAP_NORESERVE: the region is address space until a kernel touches it, so
+  // an 8 GiB device costs nothing until used.
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  void* device_view = mmap(nullptr, total, PROT_NONE, flags, -1, 0);
+  void* kernel_view =
+      device_view == MAP_FAILED ? MAP_FAILED : mmap(nullptr, total, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (kernel_view == MAP_FAILED) {
+    if (device_view != MAP_FAILED) {
+      munmap(device_view, total);
+    }
+    *message = "openreg could not reserve " + std::to_string(total >> 20) + " MiB of address space for " +
+        std::to_string(config.device_count) + " device(s): lower OPENREG_DEVICE_MEMORY or OPENREG_DEVICE_COUNT.";
+    return orError::InvalidConfiguration;
+  }
+  config.device_base = reinterpret_cast<uintptr_t>(device_view);
+  config.kernel_base = reinterpret_cast<uintptr_t>(kernel_view);
+  for (int d = 0; d < config.device_count; ++d) {
+    heaps()[d].free.emplace(0, config.device_memory);
+  }
+  return orError::Success;
+}
+
+bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base, size_t* size) {
+  const Config* c = config();
+  const int d = c == nullptr ? -1 : device_of(*c, addr);
+  if (d < 0) {
+    return false;
+  }
+  *device = d;
+  DeviceHeap& heap = heaps()[d];
+  std::unique_lock<std::mutex> lock(heap.mutex, std::defer_lock);
+  if (try_only ? !lock.try_lock() : (lock.lock(), false)) {
+    return false;
+  }
+  const uintptr_t region = c->device_base + d * c->device_memory;
+  size_t offset = 0;
+  if (!find_live(heap, addr - region, &offset, size)) {
+    return false;
+  }
+  *base = region + offset;
+  return true;
+}
+
+} // namespace detail
+
+void* orKernelAddress(void* ptr) {
+  return const_cast<void*>(orKernelAddress(static_cast<const void*>(ptr)));
+}
+
+const void* orKernelAddress(const void* ptr) {
+  const detail::Config* c = detail::config();
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (c == nullptr || addr < c->device_base || addr - c->device_base >= c->device_memory * c->device_count) {
+    return ptr;
+  }
+  return reinterpret_cast<const void*>(addr - c->device_base + c->kernel_base);
+}
+
+bool orIsDeviceAddress(const void* ptr) {
+  const detail::Config* c = detail::config();
+  return c != nullptr && device_of(*c, reinterpret_cast<uintptr_t>(ptr)) >= 0;
+}
+
+orError orMalloc(void** ptr, size_t size) {
+  if (ptr == nullptr) {
+    return orError::InvalidValue;
+  }
+  *ptr = nullptr;
+  if (orError status = orInit(); status != orError::Success) {
+    return status;
+  }
+  if (size == 0) {
+    return orError::Success;
+  }
+  const detail::Config& c = *detail::config();
+  int device = 0;
+  orGetDevice(&device);
+  const size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded < size) {
+    return orError::MemoryAllocation;
+  }
+  DeviceHeap& heap = heaps()[device];
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  for (auto it = heap.free.begin(); it != heap.free.end(); ++it) {
+    if (it->second < rounded) {
+      continue;
+    }
+    const size_t offset = it->first;
+    const size_t remaining = it->second - rounded;
+    heap.free.erase(it);
+    if (remaining > 0) {
+      heap.free.emplace(offset + rounded, remaining);
+    }
+    heap.live.emplace(offset, size);
+    heap.live_rounded.emplace(offset, rounded);
+    heap.used += rounded;
+    *ptr = reinterpret_cast<void*>(c.device_base + device * c.device_memory + offset);
+    return orError::Success;
+  }
+  return orError::MemoryAllocation;
+}
+
+orError orFree(void* ptr) {
+  if (ptr == nullptr) {
+    return orError::Success;
+  }
+  const detail::Config* c = detail::config();
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const int device = c == nullptr ? -1 : device_of(*c, addr);
+  if (device < 0) {
+    return orError::InvalidPointer;
+  }
+  // As cudaFree: queued copies may still read or write the memory.
+  detail::synchronize_device_streams(device);
+  DeviceHeap& heap = heaps()[device];
+  const size_t offset = addr - c->device_base - device * c->device_memory;
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  auto live = heap.live.find(offset);
+  if (live == heap.live.end()) {
+    return orError::InvalidPointer;
+  }
+  auto rounded_it = heap.live_rounded.find(offset);
+  size_t start = offset;
+  size_t size = rounded_it->second;
+  heap.live.erase(live);
+  heap.live_rounded.erase(rounded_it);
+  heap.used -= size;
+  // Give the pages back to the host; the next allocation reads zeros.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t kernel = c->kernel_base + device * c->device_memory + offset;
+  const uintptr_t first = (kernel + page - 1) / page * page;
+  const uintptr_t last = (kernel + size) / page * page;
+  if (last > first) {
+    madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
+  // Coalesce with the free neighbours.
+  auto next = heap.free.lower_bound(start);
+  if (next != heap.free.end() && next->first == start + size) {
+    size += next->second;
+    next = heap.free.erase(next);
+  }
+  if (next != heap.free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      size += prev->second;
+      heap.free.erase(prev);
+    }
+  }
+  heap.free.emplace(start, size);
+  return orError::Success;
+}
+
+orError orMemGetInfo(size_t* free, size_t* total) {
+  if (free == nullptr || total == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (orError status = orInit(); status != orError::Success) {
+    return status;
+  }
+  int device = 0;
+  orGetDevice(&device);
+  const size_t capacity = detail::config()->device_memory;
+  DeviceHeap& heap = heaps()[device];
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  *total = capacity;
+  *free = capacity - heap.used;
+  return orError::Success;
+}
+
+orError orMallocHost(void** ptr, size_t size) {
+  if (ptr == nullptr) {
+    return orError::InvalidValue;
+  }
+  *ptr = nullptr;
+  if (size == 0) {
+    return orError::Success;
+  }
+  const size_t rounded = (size + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+  void* p = std::aligned_alloc(kHostAlignment, rounded);
+  if (p == nullptr) {
+    return orError::MemoryAllocation;
+  }
+  std::lock_guard<std::mutex> lock(host_mutex());
+  host_blocks()[reinterpret_cast<uintptr_t>(p)] = size;
+  *ptr = p;
+  return orError::Success;
+}
+
+orError orFreeHost(void* ptr) {
+  if (ptr == nullptr) {
+    return orError::Success;
+  }
+  {
+    std::lock_guard<std::mutex> lock(host_mutex());
+    if (host_blocks().erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+      return orError::InvalidPointer;
+    }
+  }
+  std::free(ptr);
+  return orError::Success;
+}
+
+orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr) {
+  if (attributes == nullptr) {
+    return orError::InvalidValue;
+  }
+  *attributes = orPointerAttributes{};
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  int device = -1;
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (detail::find_allocation(addr, /*try_only=*/false, &device, &base, &size)) {
+    attributes->is_device = true;
+    attributes->device = device;
+  } else {
+    std::lock_guard<std::mutex> lock(host_mutex());
+    if (!host_block(addr, &base, &size)) {
+      return orError::Success;
+    }
+    attributes->is_pinned_host = true;
+  }
+  attributes->base = reinterpret_cast<void*>(base);
+  attributes->size = size;
+  return orError::Success;
+}
+
+orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
+  if (count == 0) {
+    return orError::Success;
+  }
+  if (dst == nullptr || src == nullptr) {
+    return orError::InvalidValue;
+  }
+  // Like cudaMemcpy with an explicit kind: the device side of the copy must be
+  // a live device range, which catches stale pointers and overruns early.
+  const bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
+  const bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;
+  if ((dst_device && !live_range(dst, count)) || (src_device && !live_range(src, count)) ||
+      (!dst_device && orIsDeviceAddress(dst)) || (!src_device && orIsDeviceAddress(src))) {
+    return orError::InvalidPointer;
+  }
+  std::memmove(orKernelAddress(dst), orKernelAddress(src), count);
+  return orError::Success;
+}
+
+} // namespace openreg

@@ -1,0 +1,35 @@
+// Shared state of the runtime's translation units; not part of the driver API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "OpenRegRuntime.h"
+
+namespace openreg::detail {
+
+// Fixed once orInit succeeded.
+struct Config {
+  int device_count = 0;
+  size_t device_memory = 0;   // bytes per device
+  uintptr_t device_base = 0;  // PROT_NONE addresses handed out by orMalloc
+  uintptr_t kernel_base = 0;  // the same bytes, readable and writable
+};
+
+// Null before a successful orInit.
+const Config* config();
+
+// Memory.cpp: reserves both views of every device's memory.
+orError map_device_memory(Config& config, std::string* message);
+// Memory.cpp: the live allocation containing `addr` (a device address), for
+// the fault handler. With `try_only`, gives up instead of waiting for a lock.
+bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base, size_t* size);
+
+// Fault.cpp: reports host dereferences of device addresses.
+void install_fault_handler();
+
+// Stream.cpp: waits for every stream of `device`.
+void synchronize_device_streams(int device);
+
+} // namespace openreg::detail

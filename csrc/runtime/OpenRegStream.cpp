@@ -1,0 +1,363 @@
+// Streams (in-order queues, each served by a worker thread) and events.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "OpenRegRuntimeInternal.h"
+
+namespace openreg {
+
+struct orStream {
+  orStream(int device, int priority) : device(device), priority(priority) {}
+
+  const int device;
+  const int priority;
+
+  std::mutex mutex;
+  std::condition_variable work_ready;
+  std::condition_variable work_done;
+  std::deque<std::function<void()>> queue;
+  uint64_t enqueued = 0;  // guarded by mutex
+  uint64_t completed = 0; // guarded by mutex
+  // enqueued - completed, readable without the lock: a kernel launch on an
+  // idle stream costs one atomic load.
+  std::atomic<uint64_t> pending{0};
+  bool worker_started = false;
+
+  void enqueue(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!worker_started) {
+      // Detached: streams live as long as the process, and a joinable thread
+      // in a static destructor would call std::terminate.
+      std::thread([this] { serve(); }).detach();
+      worker_started = true;
+    }
+    queue.push_back(std::move(task));
+    ++enqueued;
+    pending.fetch_add(1, std::memory_order_release);
+    work_ready.notify_one();
+  }
+
+  void serve() {
+    std::unique_lock<std::mutex> lock(mutex);
+    for (;;) {
+      work_ready.wait(lock, [this] { return !queue.empty(); });
+      std::function<void()> task = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++completed;
+      pending.fetch_sub(1, std::memory_order_release);
+      work_done.notify_all();
+    }
+  }
+
+  bool idle() const {
+    return pending.load(std::memory_order_acquire) == 0;
+  }
+
+  // Waits for the work enqueued before the call (not for work added meanwhile).
+  void synchronize() {
+    if (idle()) {
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    const uint64_t target = enqueued;
+    work_done.wait(lock, [&] { return completed >= target; });
+  }
+};
+
+struct orEvent {
+  explicit orEvent(unsigned flags) : timing((flags & orEventDisableTiming) == 0) {}
+
+  const bool timing;
+  std::mutex mutex;
+  std::condition_variable done;
+  uint64_t recorded = 0;  // generation of the last record
+  uint64_t completed = 0; // generation that last completed
+  std::chrono::steady_clock::time_point time;
+
+  void complete(uint64_t generation) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (generation > completed) {
+      completed = generation;
+      time = std::chrono::steady_clock::now();
+    }
+    done.notify_all();
+  }
+
+  void wait_for(uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mutex);
+    done.wait(lock, [&] { return completed >= generation; });
+  }
+};
+
+namespace {
+
+constexpr int kLeastPriority = 0;
+constexpr int kGreatestPriority = -1;
+
+// Every stream of each device, so device synchronization can reach them.
+struct StreamTable {
+  std::mutex mutex;
+  std::array<std::vector<orStream*>, kMaxDevices> streams;
+  std::array<orStream*, kMaxDevices> defaults{};
+};
+
+StreamTable& table() {
+  static auto* t = new StreamTable(); // leaked: streams outlive static dtors
+  return *t;
+}
+
+orStream* make_stream(int device, int priority, bool is_default) {
+  auto* stream = new orStream(device, priority);
+  StreamTable& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.streams[device].push_back(stream);
+  if (is_default) {
+    t.defaults[device] = stream;
+  }
+  return stream;
+}
+
+orError check_device(int device) {
+  int count = 0;
+  if (orError status = orGetDeviceCount(&count); status != orError::Success) {
+    return status;
+  }
+  return device >= 0 && device < count ? orError::Success : orError::InvalidDevice;
+}
+
+} // namespace
+
+namespace detail {
+void synchronize_device_streams(int device) {
+  std::vector<orStream*> streams;
+  {
+    StreamTable& t = table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    streams = t.streams[device];
+  }
+  for (orStream* stream : streams) {
+    stream->synchronize();
+  }
+}
+} // namespace detail
+
+orError orDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least == nullptr || greatest == nullptr) {
+    return orError::InvalidValue;
+  }
+  *least = kLeastPriority;
+  *greatest = kGreatestPriority;
+  return orError::Success;
+}
+
+orError orStreamGetDefault(orStream_t* stream, int device) {
+  if (stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (orError status = check_device(device); status != orError::Success) {
+    return status;
+  }
+  static std::array<std::once_flag, kMaxDevices> once;
+  std::call_once(once[device], [&] { make_stream(device, kLeastPriority, /*is_default=*/true); });
+  StreamTable& t = table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  *stream = t.defaults[device];
+  return orError::Success;
+}
+
+orError orStreamCreateWithPriority(orStream_t* stream, int priority) {
+  if (stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  int device = 0;
+  orGetDevice(&device);
+  if (orError status = check_device(device); status != orError::Success) {
+    return status;
+  }
+  priority = std::min(kLeastPriority, std::max(kGreatestPriority, priority));
+  *stream = make_stream(device, priority, /*is_default=*/false);
+  return orError::Success;
+}
+
+orError orStreamGetDevice(orStream_t stream, int* device) {
+  if (stream == nullptr || device == nullptr) {
+    return orError::InvalidValue;
+  }
+  *device = stream->device;
+  return orError::Success;
+}
+
+orError orStreamGetPriority(orStream_t stream, int* priority) {
+  if (stream == nullptr || priority == nullptr) {
+    return orError::InvalidValue;
+  }
+  *priority = stream->priority;
+  return orError::Success;
+}
+
+orError orStreamQuery(orStream_t stream) {
+  if (stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  return stream->idle() ? orError::Success : orError::NotReady;
+}
+
+orError orStreamSynchronize(orStream_t stream) {
+  if (stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  stream->synchronize();
+  return orError::Success;
+}
+
+orError orStreamWaitEvent(orStream_t stream, orEvent_t event) {
+  if (stream == nullptr || event == nullptr) {
+    return orError::InvalidValue;
+  }
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    if (event->completed >= event->recorded) {
+      return orError::Success; // never recorded, or already done
+    }
+    generation = event->recorded;
+  }
+  stream->enqueue([event, generation] { event->wait_for(generation); });
+  return orError::Success;
+}
+
+orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream) {
+  if (stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (count == 0) {
+    return orError::Success;
+  }
+  if (dst == nullptr || src == nullptr) {
+    return orError::InvalidValue;
+  }
+  // Validate now, so the caller gets the error; copy later, on the worker.
+  const bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
+  const bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;
+  orPointerAttributes a;
+  for (auto [ptr, device_side] : {std::pair{static_cast<const void*>(dst), dst_device}, std::pair{src, src_device}}) {
+    orPointerGetAttributes(&a, ptr);
+    const bool ok = device_side
+        ? a.is_device && static_cast<const char*>(ptr) + count <= static_cast<const char*>(a.base) + a.size
+        : !orIsDeviceAddress(ptr);
+    if (!ok) {
+      return orError::InvalidPointer;
+    }
+  }
+  void* to = orKernelAddress(dst);
+  const void* from = orKernelAddress(src);
+  stream->enqueue([to, from, count] { std::memmove(to, from, count); });
+  return orError::Success;
+}
+
+orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data) {
+  if (stream == nullptr || fn == nullptr) {
+    return orError::InvalidValue;
+  }
+  stream->enqueue([fn, data] { fn(data); });
+  return orError::Success;
+}
+
+orError orEventCreateWithFlags(orEvent_t* event, unsigned flags) {
+  if (event == nullptr || (flags & ~unsigned{orEventDisableTiming}) != 0) {
+    return orError::InvalidValue;
+  }
+  *event = new orEvent(flags);
+  return orError::Success;
+}
+
+orError orEventDestroy(orEvent_t event) {
+  if (event == nullptr) {
+    return orError::InvalidValue;
+  }
+  // A stream may still wait on it: let queued waits finish first, as CUDA
+  // defers the release of an event destroyed while in use.
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    generation = event->recorded;
+  }
+  event->wait_for(generation);
+  delete event;
+  return orError::Success;
+}
+
+orError orEventRecord(orEvent_t event, orStream_t stream) {
+  if (event == nullptr || stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    generation = ++event->recorded;
+  }
+  if (stream->idle()) {
+    event->complete(generation);
+  } else {
+    stream->enqueue([event, generation] { event->complete(generation); });
+  }
+  return orError::Success;
+}
+
+orError orEventQuery(orEvent_t event) {
+  if (event == nullptr) {
+    return orError::InvalidValue;
+  }
+  std::lock_guard<std::mutex> lock(event->mutex);
+  return event->completed >= event->recorded ? orError::Success : orError::NotReady;
+}
+
+orError orEventSynchronize(orEvent_t event) {
+  if (event == nullptr) {
+    return orError::InvalidValue;
+  }
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    generation = event->recorded;
+  }
+  event->wait_for(generation);
+  return orError::Success;
+}
+
+orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (!start->timing || !end->timing) {
+    return orError::InvalidHandle;
+  }
+  std::unique_lock<std::mutex> start_lock(start->mutex, std::defer_lock);
+  std::unique_lock<std::mutex> end_lock(end->mutex, std::defer_lock);
+  if (start == end) {
+    start_lock.lock();
+  } else {
+    std::lock(start_lock, end_lock);
+  }
+  if (start->recorded == 0 || end->recorded == 0) {
+    return orError::InvalidHandle;
+  }
+  if (start->completed < start->recorded || end->completed < end->recorded) {
+    return orError::NotReady;
+  }
+  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return orError::Success;
+}
+
+} // namespace openreg
