@@ -1,11 +1,9 @@
 """torch.openreg mirrors torch.cuda; the generated Tensor/Module/Storage methods."""
 
-import os
 import threading
 
 import pytest
 import torch
-from torch.testing import assert_close
 
 
 def test_registered_as_torch_openreg_and_privateuse1_renamed():
@@ -57,49 +55,6 @@ def test_synchronize_accepts_device_forms():
     torch.openreg.synchronize("openreg:1")
 
 
-def test_manual_seed_and_initial_seed():
-    torch.openreg.manual_seed(42)
-    assert torch.openreg.initial_seed() == 42
-    torch.openreg.manual_seed_all(7)
-    assert [g.initial_seed() for g in torch.openreg.default_generators] == [7, 7]
-    torch.manual_seed(11)  # torch seeds every backend, openreg included
-    assert [g.initial_seed() for g in torch.openreg.default_generators] == [11, 11]
-
-
-def test_seed_and_seed_all_are_nondeterministic_but_consistent():
-    torch.openreg.seed_all()
-    seeds = [g.initial_seed() for g in torch.openreg.default_generators]
-    assert seeds[0] == seeds[1]
-    torch.openreg.seed()
-    assert torch.openreg.initial_seed() != 0
-
-
-def test_rng_state_round_trip_per_device():
-    torch.openreg.manual_seed(3)
-    state = torch.openreg.get_rng_state("openreg:0")
-    assert state.dtype == torch.uint8 and state.device.type == "cpu"
-    a = torch.randn(4, device="openreg:0")
-    torch.openreg.set_rng_state(state, "openreg:0")
-    assert_close(torch.randn(4, device="openreg:0").cpu(), a.cpu())
-
-
-def test_rng_state_all_round_trip():
-    states = torch.openreg.get_rng_state_all()
-    a = [torch.rand(3, device=f"openreg:{i}") for i in range(2)]
-    torch.openreg.set_rng_state_all(states)
-    b = [torch.rand(3, device=f"openreg:{i}") for i in range(2)]
-    for x, y in zip(a, b):
-        assert_close(x.cpu(), y.cpu())
-    with pytest.raises(ValueError, match="1 states for 2 openreg devices"):
-        torch.openreg.set_rng_state_all(states[:1])
-
-
-def test_default_generators_are_per_device():
-    gens = list(torch.openreg.default_generators)
-    assert [g.device for g in gens] == [torch.device("openreg:0"), torch.device("openreg:1")]
-    assert torch.openreg.default_generators[1] is gens[1]
-
-
 def test_generated_tensor_methods():
     t = torch.ones(2)
     d = t.openreg()
@@ -124,26 +79,6 @@ def test_allocator_stats_reach_torch_accelerator():
     assert torch.accelerator.memory_allocated(0) == before + 1024
     del t
     assert torch.accelerator.memory_allocated(0) == before
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_fork_after_init_marks_child_bad():
-    torch.ones(1, device="openreg")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(r)
-        try:
-            torch.openreg._lazy_init()
-            msg = b"no error"
-        except RuntimeError as e:
-            msg = str(e).encode()
-        os.write(w, msg)
-        os._exit(0)
-    os.close(w)
-    data = os.read(r, 4096).decode()
-    os.waitpid(pid, 0)
-    assert "spawn" in data and "forked subprocess" in data
 
 
 def test_current_device_is_per_thread():

@@ -10,8 +10,9 @@ import torch
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the backend)
 
-# Raises a RuntimeError that explains a malformed OPENREG_DEVICE_COUNT.
-_C._init()
+# Raises a RuntimeError that explains a malformed OPENREG_DEVICE_COUNT or
+# OPENREG_DEVICE_MEMORY. Initialisation itself waits for the first use.
+_C._check_config()
 
 torch.utils.rename_privateuse1_backend("openreg")
 

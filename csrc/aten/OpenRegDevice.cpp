@@ -59,8 +59,18 @@ c10::DeviceIndex current_device() {
   return static_cast<c10::DeviceIndex>(device);
 }
 
+c10::DeviceIndex peek_current_device() noexcept {
+  int device = 0;
+  (void)orGetDevice(&device);
+  return static_cast<c10::DeviceIndex>(device);
+}
+
 void check_device_index(c10::DeviceIndex index) {
   ensure_initialized();
+  validate_device_index(index);
+}
+
+void validate_device_index(c10::DeviceIndex index) {
   const auto count = device_count();
   TORCH_CHECK_INDEX(
       index >= 0 && index < count,

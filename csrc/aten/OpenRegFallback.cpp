@@ -110,6 +110,7 @@ class FallbackCall {
   void find_device() {
     std::optional<std::pair<c10::Device, std::string>> cpu_operand;
     bool openreg_generator = false;
+    bool other_generator = false;
     for (size_t i = 0; i < schema_.arguments().size(); ++i) {
       const c10::Argument& argument = schema_.arguments()[i];
       const c10::IValue& value = stack_[args_begin_ + i];
@@ -134,10 +135,14 @@ class FallbackCall {
         c10::Device d = value.toDevice();
         note_device(d.has_index() ? d : c10::Device(d.type(), current_device()), argument.name());
       }
-      if (value.isGenerator() && value.toGenerator().device().is_privateuseone()) {
-        openreg_generator = true;
+      if (value.isGenerator()) {
+        (value.toGenerator().device().is_privateuseone() ? openreg_generator : other_generator) = true;
       }
     }
+    // As CUDA's check_generator: a CPU generator cannot drive openreg tensors.
+    TORCH_CHECK(
+        !device_.has_value() || !other_generator, "Expected a 'openreg' device type for generator but found 'cpu' (",
+        op_name(), "): pass torch.Generator(device=\"openreg\"), or no generator.");
     TORCH_CHECK(
         device_.has_value() || !openreg_generator, op_name(),
         " got an openreg generator but runs on the CPU: pass a CPU generator, or put the "

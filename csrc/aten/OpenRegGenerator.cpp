@@ -22,14 +22,16 @@ void OpenRegGeneratorImpl::set_current_seed(uint64_t seed) {
   cpu_.set_current_seed(seed);
 }
 
+// The state is a CPU (Mersenne Twister) generator's, which has no Philox
+// offset. torch.Generator.__reduce__ (copy, deepcopy, pickle) reads and
+// writes the offset of every non-CPU generator, so report 0 and accept 0.
 void OpenRegGeneratorImpl::set_offset(uint64_t offset) {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  cpu_.set_offset(offset);
+  TORCH_CHECK(
+      offset == 0, "openreg generators have no offset (their state is a CPU generator's); got offset ", offset);
 }
 
 uint64_t OpenRegGeneratorImpl::get_offset() const {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  return cpu_.get_offset();
+  return 0;
 }
 
 uint64_t OpenRegGeneratorImpl::current_seed() const {
@@ -67,14 +69,14 @@ const at::Generator& default_generator(c10::DeviceIndex device_index) {
       generators.emplace_back(at::make_generator<OpenRegGeneratorImpl>(i));
     }
   });
-  const c10::DeviceIndex index = device_index == -1 ? current_device() : device_index;
-  check_device_index(index);
+  const c10::DeviceIndex index = device_index == -1 ? peek_current_device() : device_index;
+  validate_device_index(index);
   return generators[index];
 }
 
 at::Generator new_generator(c10::DeviceIndex device_index) {
-  const c10::DeviceIndex index = device_index == -1 ? current_device() : device_index;
-  check_device_index(index);
+  const c10::DeviceIndex index = device_index == -1 ? peek_current_device() : device_index;
+  validate_device_index(index);
   return at::make_generator<OpenRegGeneratorImpl>(index);
 }
 

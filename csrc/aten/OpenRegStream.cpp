@@ -74,13 +74,20 @@ orStream_t raw_stream(const c10::Stream& stream) {
   return pool_stream(device, level, static_cast<int>((id - 1) % kStreamsPerPool));
 }
 
+// c10 passes -1 for "the current device" (torch.Event(device="openreg")).
+c10::DeviceIndex resolve(c10::DeviceIndex device) {
+  const c10::DeviceIndex index = device == -1 ? current_device() : device;
+  check_device_index(index);
+  return index;
+}
+
 c10::Stream current_stream(c10::DeviceIndex device) {
-  check_device_index(device);
+  device = resolve(device);
   return make(device, current_ids[device]);
 }
 
 c10::Stream default_stream(c10::DeviceIndex device) {
-  check_device_index(device);
+  device = resolve(device);
   return make(device, 0);
 }
 
@@ -93,7 +100,7 @@ c10::Stream exchange_stream(const c10::Stream& stream) {
 }
 
 c10::Stream stream_from_pool(c10::DeviceIndex device, int priority) {
-  check_device_index(device);
+  device = resolve(device);
   const int level = level_of(priority);
   const auto index = devices()[device].next[level].fetch_add(1) % kStreamsPerPool;
   return make(device, pool_id(level, static_cast<int>(index)));

@@ -1,5 +1,6 @@
 // torch_openreg._C: the thin Python surface over the ATen glue. Everything a
 // user calls goes through torch_openreg.openreg (torch.openreg), not here.
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
@@ -54,14 +55,31 @@ void sleep_on_current_stream(double ms) {
       duration));
 }
 
+// torch.Event.elapsed_time rejects subclasses of torch.Event as its argument
+// on this torch version, so torch.openreg.Event measures through here.
+double event_elapsed_time(py::handle start, py::handle end) {
+  for (py::handle e : {start, end}) {
+    TORCH_CHECK_TYPE(
+        PyObject_IsInstance(e.ptr(), reinterpret_cast<PyObject*>(&THPEventType)) == 1,
+        "elapsed_time expects torch.Event objects, got ", py::str(py::type::of(e)).cast<std::string>());
+  }
+  return reinterpret_cast<THPEvent*>(start.ptr())->event.elapsedTime(reinterpret_cast<THPEvent*>(end.ptr())->event);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
+  m.def("_check_config", [] {
+    const char* message = nullptr;
+    TORCH_CHECK(openreg::orInit(&message) == openreg::orError::Success, message);
+  }, "Raises on a malformed OPENREG_DEVICE_COUNT / OPENREG_DEVICE_MEMORY without initialising.");
   m.def("_is_initialized", &openreg::is_initialized);
+  m.def("_is_in_bad_fork", &openreg::in_forked_child);
   m.def("_device_count", [] { return static_cast<int>(openreg::device_count()); });
-  m.def("_get_device", [] { return static_cast<int>(openreg::current_device()); });
+  m.def("_get_device", [] { return static_cast<int>(openreg::peek_current_device()); },
+        "The current device of this thread; does not initialise openreg.");
   m.def("_set_device", [](int index) { openreg::set_device(static_cast<c10::DeviceIndex>(index)); });
   m.def("_synchronize", [](int index) { openreg::synchronize(static_cast<c10::DeviceIndex>(index)); });
   m.def("_get_device_properties", &device_properties);
@@ -74,6 +92,7 @@ PYBIND11_MODULE(_C, m) {
     OPENREG_CHECK(openreg::orDeviceGetStreamPriorityRange(&least, &greatest));
     return std::make_pair(least, greatest);
   });
+  m.def("_event_elapsed_time", &event_elapsed_time);
   m.def("_sleep", &sleep_on_current_stream, "Queues a wait of `ms` milliseconds on the current stream.");
   m.def("_install_fault_handler", [] { OPENREG_CHECK(openreg::orInstallFaultHandler()); },
         "Puts openreg's device-memory fault report in front of SIGSEGV handlers installed since.");

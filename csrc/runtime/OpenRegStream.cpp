@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -75,8 +76,12 @@ struct orStream {
   }
 };
 
-struct orEvent {
-  explicit orEvent(unsigned flags) : timing((flags & orEventDisableTiming) == 0) {}
+namespace {
+
+// What stream tasks see of an event. Shared, so a queued record or wait stays
+// valid when the caller destroys the event handle before the task runs.
+struct EventState {
+  explicit EventState(unsigned flags) : timing((flags & orEventDisableTiming) == 0) {}
 
   const bool timing;
   std::mutex mutex;
@@ -98,6 +103,13 @@ struct orEvent {
     std::unique_lock<std::mutex> lock(mutex);
     done.wait(lock, [&] { return completed >= generation; });
   }
+};
+
+} // namespace
+
+struct orEvent {
+  explicit orEvent(unsigned flags) : state(std::make_shared<EventState>(flags)) {}
+  std::shared_ptr<EventState> state;
 };
 
 namespace {
@@ -225,15 +237,16 @@ orError orStreamWaitEvent(orStream_t stream, orEvent_t event) {
   if (stream == nullptr || event == nullptr) {
     return orError::InvalidValue;
   }
+  std::shared_ptr<EventState> state = event->state;
   uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> lock(event->mutex);
-    if (event->completed >= event->recorded) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (state->completed >= state->recorded) {
       return orError::Success; // never recorded, or already done
     }
-    generation = event->recorded;
+    generation = state->recorded;
   }
-  stream->enqueue([event, generation] { event->wait_for(generation); });
+  stream->enqueue([state, generation] { state->wait_for(generation); });
   return orError::Success;
 }
 
@@ -286,14 +299,8 @@ orError orEventDestroy(orEvent_t event) {
   if (event == nullptr) {
     return orError::InvalidValue;
   }
-  // A stream may still wait on it: let queued waits finish first, as CUDA
-  // defers the release of an event destroyed while in use.
-  uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(event->mutex);
-    generation = event->recorded;
-  }
-  event->wait_for(generation);
+  // Queued records and waits hold the state, so destroying an event in use is
+  // safe and does not block (CUDA defers the release the same way).
   delete event;
   return orError::Success;
 }
@@ -302,15 +309,16 @@ orError orEventRecord(orEvent_t event, orStream_t stream) {
   if (event == nullptr || stream == nullptr) {
     return orError::InvalidValue;
   }
+  std::shared_ptr<EventState> state = event->state;
   uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> lock(event->mutex);
-    generation = ++event->recorded;
+    std::lock_guard<std::mutex> lock(state->mutex);
+    generation = ++state->recorded;
   }
   if (stream->idle()) {
-    event->complete(generation);
+    state->complete(generation);
   } else {
-    stream->enqueue([event, generation] { event->complete(generation); });
+    stream->enqueue([state, generation] { state->complete(generation); });
   }
   return orError::Success;
 }
@@ -319,20 +327,22 @@ orError orEventQuery(orEvent_t event) {
   if (event == nullptr) {
     return orError::InvalidValue;
   }
-  std::lock_guard<std::mutex> lock(event->mutex);
-  return event->completed >= event->recorded ? orError::Success : orError::NotReady;
+  EventState& state = *event->state;
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.completed >= state.recorded ? orError::Success : orError::NotReady;
 }
 
 orError orEventSynchronize(orEvent_t event) {
   if (event == nullptr) {
     return orError::InvalidValue;
   }
+  EventState& state = *event->state;
   uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> lock(event->mutex);
-    generation = event->recorded;
+    std::lock_guard<std::mutex> lock(state.mutex);
+    generation = state.recorded;
   }
-  event->wait_for(generation);
+  state.wait_for(generation);
   return orError::Success;
 }
 
@@ -340,23 +350,25 @@ orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   if (ms == nullptr || start == nullptr || end == nullptr) {
     return orError::InvalidValue;
   }
-  if (!start->timing || !end->timing) {
+  EventState& first = *start->state;
+  EventState& last = *end->state;
+  if (!first.timing || !last.timing) {
     return orError::InvalidHandle;
   }
-  std::unique_lock<std::mutex> start_lock(start->mutex, std::defer_lock);
-  std::unique_lock<std::mutex> end_lock(end->mutex, std::defer_lock);
+  std::unique_lock<std::mutex> start_lock(first.mutex, std::defer_lock);
+  std::unique_lock<std::mutex> end_lock(last.mutex, std::defer_lock);
   if (start == end) {
     start_lock.lock();
   } else {
     std::lock(start_lock, end_lock);
   }
-  if (start->recorded == 0 || end->recorded == 0) {
+  if (first.recorded == 0 || last.recorded == 0) {
     return orError::InvalidHandle;
   }
-  if (start->completed < start->recorded || end->completed < end->recorded) {
+  if (first.completed < first.recorded || last.completed < last.recorded) {
     return orError::NotReady;
   }
-  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  *ms = std::chrono::duration<float, std::milli>(last.time - first.time).count();
   return orError::Success;
 }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -22,41 +21,24 @@ __all__ = [
     "synchronize",
 ]
 
-_initialized = False
-_in_bad_fork = False
-
-
-def _after_fork_in_child() -> None:
-    global _in_bad_fork
-    if _initialized:
-        _in_bad_fork = True
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _is_in_bad_fork() -> bool:
     """True in a child forked after openreg was initialised in its parent."""
-    return _in_bad_fork
+    return _C._is_in_bad_fork()
 
 
 def _lazy_init() -> None:
-    """Initialises the runtime once; raises in a child forked after initialisation."""
-    global _initialized
-    if _initialized and not _in_bad_fork:
+    """Initialises openreg once, like torch.cuda._lazy_init.
+
+    Importing the package only validates the configuration; the first use of a
+    device initialises it. A child forked after that cannot use openreg.
+    """
+    if _C._is_initialized() and not _C._is_in_bad_fork():
         return
-    if _in_bad_fork:
-        raise RuntimeError(
-            "Cannot re-initialize openreg in a forked subprocess. To use openreg with "
-            "multiprocessing, use the 'spawn' start method "
-            "(torch.multiprocessing.set_start_method('spawn'))."
-        )
-    _C._init()
-    _initialized = True
+    _C._init()  # raises the "use the 'spawn' start method" error in a bad fork
 
 
 def is_initialized() -> bool:
-    return _initialized and not _in_bad_fork
+    return _C._is_initialized() and not _C._is_in_bad_fork()
 
 
 def is_available() -> bool:

@@ -1,13 +1,33 @@
-"""Random number generation on openreg devices, as torch.cuda.random."""
+"""Random number generation on openreg devices, as ``torch.cuda.random``.
+
+Each openreg device has one default generator, ``default_generators[i]``. A random
+operator on a tensor of ``openreg:i`` draws from it unless it is given a
+``generator=``, which must then be an openreg generator (``torch.Generator(device=
+"openreg:i")``). ``torch.manual_seed`` and ``torch.seed`` reach this module through
+``manual_seed_all`` (``torch.random._seed_custom_device``), and
+``torch.random.fork_rng(device_type="openreg")`` through ``get_rng_state`` /
+``set_rng_state`` (``torch.get_device_module``).
+
+As on CUDA, the functions that *set* generator state (``manual_seed*``, ``seed*``,
+``set_rng_state*``) do not initialise openreg: torch.cuda defers them until
+initialisation (``torch.cuda._lazy_call``), and here the generators exist from
+import, so setting their state needs no initialisation. Hence ``torch.manual_seed``
+alone does not make ``torch.openreg.is_initialized()`` true. In a child forked after
+openreg was initialised they do nothing, as torch.cuda's deferred calls never run
+there. The functions that *read* state (``get_rng_state*``, ``initial_seed``)
+initialise openreg, as torch.cuda's do, and so raise in such a child.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, overload
 
 import torch
 
 from torch_openreg import _C
-from torch_openreg.openreg import _device_index, _lazy_init, current_device, device_count
+from torch_openreg.openreg import _is_in_bad_fork, _lazy_init, device_count
 
 __all__ = [
     "default_generators",
@@ -26,75 +46,172 @@ _default_generators: tuple[torch.Generator, ...] | None = None
 
 
 def _generators() -> tuple[torch.Generator, ...]:
+    # The C++ generators (csrc/aten/OpenRegGenerator.cpp) exist once per device;
+    # caching their Python wrappers keeps `default_generators[i] is
+    # default_generators[i]`, as torch.cuda.default_generators does.
     global _default_generators
     if _default_generators is None:
-        _lazy_init()
         _default_generators = tuple(_C._default_generator(i) for i in range(device_count()))
     return _default_generators
 
 
-class _DefaultGenerators:
-    """Sequence view of the per-device default generators, built on first use."""
+class _DefaultGenerators(Sequence):
+    """The default generator of each openreg device, indexed by device index.
 
-    def __getitem__(self, index: int) -> torch.Generator:
+    A read-only sequence like the tuple ``torch.cuda.default_generators``, whose
+    Python objects are built on first use.
+    """
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Generator: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[torch.Generator, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Generator | tuple[torch.Generator, ...]:
         return _generators()[index]
 
     def __len__(self) -> int:
-        return len(_generators())
+        return device_count()
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(_generators())
+    def __repr__(self) -> str:
+        return f"openreg default_generators({', '.join(str(g.device) for g in self)})"
 
 
 default_generators = _DefaultGenerators()
 
 
-def manual_seed(seed: int) -> None:
-    """Seeds the current openreg device's generator."""
-    default_generators[current_device()].manual_seed(int(seed))
+def _index_of(device: int | str | torch.device) -> int:
+    """The device index that ``device`` names, validated against the device count.
+
+    Unlike ``torch.openreg._device_index``, an index-less ``"openreg"`` resolves to
+    the current device without initialising openreg, so that the setters below
+    stay initialisation-free.
+    """
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = torch.device("openreg", device)  # rejects negative indices
+    elif isinstance(device, str):
+        device = torch.device(device)
+    elif not isinstance(device, torch.device):
+        raise TypeError(
+            f"expected an int, 'openreg:N' or torch.device for an openreg device, got {type(device).__name__}"
+        )
+    if device.type != "openreg":
+        raise ValueError(f"expected an openreg device, got {device}")
+    index = _C._get_device() if device.index is None else device.index
+    count = device_count()
+    if index >= count:
+        raise IndexError(
+            f"openreg device index {index} is out of range: this process has {count} openreg "
+            f"device{'' if count == 1 else 's'} (openreg:0 to openreg:{count - 1}). Use a smaller "
+            "index, or set OPENREG_DEVICE_COUNT before starting Python to simulate more devices."
+        )
+    return index
 
 
-def manual_seed_all(seed: int) -> None:
-    """Seeds every openreg device's generator (torch.manual_seed calls this)."""
-    for g in default_generators:
-        g.manual_seed(int(seed))
+def _skipped_in_bad_fork(setter: Callable[..., None]) -> Callable[..., None]:
+    """Makes a state setter do nothing in a child forked after openreg was initialised.
+
+    torch.cuda's setters are deferred (``_lazy_call``) until an initialisation that
+    never happens in such a child, so there they do nothing and raise nothing.
+    """
+
+    @functools.wraps(setter)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        if not _is_in_bad_fork():
+            setter(*args, **kwargs)
+
+    return wrapper
 
 
-def seed() -> None:
-    """Seeds the current device's generator with a non-deterministic number."""
-    default_generators[current_device()].seed()
+def get_rng_state(device: int | str | torch.device = "openreg") -> torch.Tensor:
+    """Returns the generator state of an openreg device as a CPU ``torch.uint8`` tensor.
 
+    Args:
+        device: an index, ``"openreg:N"`` or ``torch.device``. Default ``"openreg"``:
+            the current device.
 
-def seed_all() -> None:
-    """Seeds every device's generator with one non-deterministic number."""
-    first = default_generators[0].seed()
-    for g in list(default_generators)[1:]:
-        g.manual_seed(first)
-
-
-def initial_seed() -> int:
-    return default_generators[current_device()].initial_seed()
-
-
-def get_rng_state(device: Any = "openreg") -> torch.Tensor:
-    """The generator state of ``device`` as a CPU ByteTensor."""
-    return default_generators[_device_index(device)].get_state()
-
-
-def set_rng_state(new_state: torch.Tensor, device: Any = "openreg") -> None:
-    default_generators[_device_index(device)].set_state(
-        new_state.clone(memory_format=torch.contiguous_format)
-    )
+    The result is a copy: later draws do not change it. Like ``torch.cuda``, this
+    initialises openreg.
+    """
+    _lazy_init()
+    return default_generators[_index_of(device)].get_state()
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [g.get_state() for g in default_generators]
+    """Returns the generator state of every openreg device, in device order."""
+    return [get_rng_state(i) for i in range(device_count())]
 
 
-def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    if len(new_states) != device_count():
+@_skipped_in_bad_fork
+def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "openreg") -> None:
+    """Sets the generator state of an openreg device.
+
+    Args:
+        new_state: a state returned by :func:`get_rng_state` (a CPU ``torch.uint8``
+            tensor); it is copied, so changing it later has no effect.
+        device: an index, ``"openreg:N"`` or ``torch.device``. Default ``"openreg"``:
+            the current device.
+    """
+    index = _index_of(device)
+    # The CPU generator reads the state's bytes in order: make them contiguous.
+    default_generators[index].set_state(new_state.clone(memory_format=torch.contiguous_format))
+
+
+@_skipped_in_bad_fork
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Sets the generator state of every openreg device, one state per device in order.
+
+    Unlike ``torch.cuda.set_rng_state_all``, which silently sets a prefix when given
+    fewer states than devices, a count that differs from the device count raises
+    ``ValueError``: such states were saved with another device configuration.
+    """
+    states = list(new_states)
+    if len(states) != device_count():
         raise ValueError(
-            f"set_rng_state_all got {len(new_states)} states for {device_count()} openreg devices"
+            f"set_rng_state_all got {len(states)} states for {device_count()} openreg devices"
         )
-    for i, state in enumerate(new_states):
-        set_rng_state(state, i)
+    for index, state in enumerate(states):
+        set_rng_state(state, index)
+
+
+@_skipped_in_bad_fork
+def manual_seed(seed: int) -> None:
+    """Seeds the generator of the current openreg device.
+
+    With several devices this is not enough for reproducibility: use
+    :func:`manual_seed_all` (or ``torch.manual_seed``) to seed them all.
+    """
+    default_generators[_C._get_device()].manual_seed(int(seed))
+
+
+@_skipped_in_bad_fork
+def manual_seed_all(seed: int) -> None:
+    """Seeds the generator of every openreg device (``torch.manual_seed`` calls this)."""
+    seed = int(seed)
+    for generator in default_generators:
+        generator.manual_seed(seed)
+
+
+@_skipped_in_bad_fork
+def seed() -> None:
+    """Seeds the current openreg device's generator with a non-deterministic number."""
+    default_generators[_C._get_device()].seed()
+
+
+@_skipped_in_bad_fork
+def seed_all() -> None:
+    """Seeds every openreg device's generator with one and the same non-deterministic number."""
+    first, *others = default_generators
+    first.seed()
+    for generator in others:
+        generator.manual_seed(first.initial_seed())
+
+
+def initial_seed() -> int:
+    """Returns the seed of the current openreg device's generator.
+
+    Like ``torch.cuda``, this initialises openreg.
+    """
+    _lazy_init()
+    return default_generators[_C._get_device()].initial_seed()

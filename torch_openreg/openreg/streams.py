@@ -92,6 +92,10 @@ class Event(torch.Event):
         """Makes ``stream`` (default: the current stream) wait for this event."""
         super().wait(current_stream() if stream is None else stream)
 
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event to ``end_event``; both need ``enable_timing=True``."""
+        return _C._event_elapsed_time(self, end_event)
+
     def __repr__(self) -> str:
         return f"<torch.openreg.Event event_id={self.event_id}>"
 

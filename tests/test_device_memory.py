@@ -1,0 +1,246 @@
+"""Device memory: host code cannot touch it, the caching allocator, capacity and OOM."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def run_python(code, env=None, args=()):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, *args, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+    )
+
+
+# -- host code cannot dereference device memory -----------------------------------
+
+READ_DEVICE_POINTER = """
+    import ctypes, torch
+    t = torch.ones(4, device="openreg:1")
+    print("value", ctypes.c_float.from_address(t.data_ptr() + 8).value, flush=True)
+"""
+
+
+def test_host_read_of_device_memory_ends_the_process_naming_openreg_and_the_allocation():
+    result = run_python(READ_DEVICE_POINTER)
+    assert result.returncode == -11, result.stderr  # SIGSEGV, not a silent read
+    assert "value" not in result.stdout
+    assert "openreg: host code accessed device memory" in result.stderr
+    # The runtime allocation is the allocator's 2 MiB segment.
+    assert "8 bytes into a 2097152-byte allocation on openreg:1" in result.stderr
+    assert "tensor.cpu()" in result.stderr
+
+
+def test_fault_report_comes_before_faulthandler_traceback():
+    result = run_python(READ_DEVICE_POINTER, args=("-X", "faulthandler"))
+    assert result.returncode != 0
+    report = result.stderr.find("openreg: host code accessed device memory")
+    traceback = result.stderr.find("Fatal Python error: Segmentation fault")
+    assert 0 <= report < traceback, result.stderr
+
+
+def test_host_write_to_freed_device_memory_is_reported():
+    result = run_python(
+        """
+        import ctypes, torch
+        t = torch.ones(1 << 20, dtype=torch.uint8, device="openreg")
+        address = t.data_ptr()
+        del t
+        torch.openreg.empty_cache()
+        ctypes.c_uint8.from_address(address).value = 1
+        """
+    )
+    assert result.returncode == -11
+    assert "which is not a live allocation" in result.stderr
+
+
+def test_device_pointer_is_not_host_memory_but_kernels_and_copies_work():
+    x = torch.arange(10.0)
+    d = x.to("openreg")
+    assert torch._C._get_privateuse1_backend_name() == "openreg"
+    assert_close((d * 2 + 1).cpu(), x * 2 + 1)
+    assert_close(d.abs().cpu(), x)  # through the CPU fallback
+    assert d[3].item() == 3.0
+
+
+# -- caching allocator ------------------------------------------------------------
+
+
+def test_freed_block_is_reused_without_a_new_device_allocation():
+    torch.openreg.empty_cache()
+    first = torch.empty(1000, device="openreg:1")
+    address = first.data_ptr()
+    device_allocs = torch.openreg.memory_stats(1)["num_device_alloc"]
+    del first
+    second = torch.empty(1000, device="openreg:1")
+    assert second.data_ptr() == address
+    assert torch.openreg.memory_stats(1)["num_device_alloc"] == device_allocs
+
+
+def test_allocated_and_reserved_bytes_follow_tensors_and_empty_cache():
+    torch.openreg.empty_cache()
+    allocated = torch.openreg.memory_allocated(1)
+    reserved = torch.openreg.memory_reserved(1)
+    t = torch.empty(3 * MiB, dtype=torch.uint8, device="openreg:1")
+    assert torch.openreg.memory_allocated(1) == allocated + 3 * MiB
+    assert torch.openreg.memory_reserved(1) == reserved + 20 * MiB  # one large-pool segment
+    del t
+    assert torch.openreg.memory_allocated(1) == allocated
+    assert torch.openreg.memory_reserved(1) == reserved + 20 * MiB  # cached
+    torch.openreg.empty_cache()
+    assert torch.openreg.memory_reserved(1) == reserved
+
+
+def test_small_requests_share_a_segment_and_sizes_round_to_512_bytes():
+    torch.openreg.empty_cache()
+    stats = torch.openreg.memory_stats(1)
+    segments = stats["segment.small_pool.current"]
+    tensors = [torch.empty(n, dtype=torch.uint8, device="openreg:1") for n in (1, 513, 4096)]
+    stats = torch.openreg.memory_stats(1)
+    assert stats["segment.small_pool.current"] == segments + 1
+    assert stats["requested_bytes.small_pool.current"] >= 1 + 513 + 4096
+    assert stats["allocated_bytes.small_pool.current"] >= 512 + 1024 + 4096
+    del tensors
+
+
+def test_memory_stats_keys_match_torch_cuda():
+    stats = torch.openreg.memory_stats(0)
+    for key in (
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "reserved_bytes.large_pool.current",
+        "active_bytes.small_pool.allocated",
+        "requested_bytes.all.freed",
+        "segment.all.current",
+        "num_alloc_retries",
+        "num_ooms",
+        "num_device_alloc",
+        "num_device_free",
+    ):
+        assert key in stats, key
+    assert stats == torch.accelerator.memory_stats(0)
+
+
+def test_peak_stats_reset():
+    t = torch.empty(2 * MiB, dtype=torch.uint8, device="openreg:1")
+    peak = torch.openreg.max_memory_allocated(1)
+    del t
+    assert torch.openreg.max_memory_allocated(1) == peak
+    torch.openreg.reset_peak_memory_stats(1)
+    assert torch.openreg.max_memory_allocated(1) == torch.openreg.memory_allocated(1)
+    assert torch.openreg.max_memory_reserved(1) == torch.openreg.memory_reserved(1)
+
+
+def test_allocations_land_on_the_guarded_device():
+    before = [torch.openreg.memory_allocated(i) for i in range(2)]
+    with torch.openreg.device(1):
+        t = torch.empty(MiB, dtype=torch.uint8, device="openreg")
+    assert t.device == torch.device("openreg:1")
+    assert torch.openreg.memory_allocated(1) == before[1] + MiB
+    assert torch.openreg.memory_allocated(0) == before[0]
+
+
+def test_record_stream_delays_reuse_until_the_stream_has_finished():
+    s = torch.openreg.Stream()
+    x = torch.empty(MiB, dtype=torch.uint8, device="openreg")
+    address = x.data_ptr()
+    with torch.openreg.stream(s):
+        torch.openreg._sleep(300)
+    x.record_stream(s)
+    del x
+    y = torch.empty(MiB, dtype=torch.uint8, device="openreg")
+    assert y.data_ptr() != address  # s may still use the old block
+    s.synchronize()
+    z = torch.empty(MiB, dtype=torch.uint8, device="openreg")
+    assert address in (y.data_ptr(), z.data_ptr()) or z.data_ptr() == address
+    del y, z
+
+
+def test_without_record_stream_a_block_is_reused_at_once():
+    x = torch.empty(MiB, dtype=torch.uint8, device="openreg")
+    address = x.data_ptr()
+    del x
+    assert torch.empty(MiB, dtype=torch.uint8, device="openreg").data_ptr() == address
+
+
+def test_record_stream_of_another_device_is_refused():
+    x = torch.empty(4, device="openreg:0")
+    with pytest.raises(RuntimeError, match="stream of the tensor's own device"):
+        x.record_stream(torch.openreg.Stream(device=1))
+
+
+# -- capacity and out of memory ---------------------------------------------------
+
+
+def test_device_properties_report_the_capacity():
+    props = torch.openreg.get_device_properties(0)
+    free, total = torch.openreg.mem_get_info(0)
+    assert props.total_memory == total == 8 * GiB
+    assert 0 < free <= total
+    assert torch.accelerator.get_memory_info(0) == (free, total)
+
+
+def test_out_of_memory_raises_and_the_device_keeps_working():
+    torch.openreg.empty_cache()
+    baseline = torch.openreg.memory_allocated(0)
+    ooms = torch.openreg.memory_stats(0)["num_ooms"]
+    with pytest.raises(torch.OutOfMemoryError) as error:
+        torch.empty(9 * GiB, dtype=torch.uint8, device="openreg:0")
+    message = str(error.value)
+    assert "openreg out of memory. Tried to allocate 9.00 GiB" in message
+    assert "openreg:0 has a total capacity of 8.00 GiB" in message
+    assert "OPENREG_DEVICE_MEMORY" in message
+    assert torch.openreg.memory_stats(0)["num_ooms"] == ooms + 1
+    assert torch.openreg.memory_allocated(0) == baseline
+    assert_close((torch.ones(3, device="openreg") + 1).cpu(), torch.full((3,), 2.0))
+
+
+def test_cached_memory_is_released_and_the_allocation_retried_before_oom():
+    torch.openreg.empty_cache()
+    retries = torch.openreg.memory_stats(0)["num_alloc_retries"]
+    big = torch.empty(5 * GiB, dtype=torch.uint8, device="openreg:0")
+    del big  # cached, not returned
+    assert torch.openreg.memory_reserved(0) >= 5 * GiB
+    bigger = torch.empty(6 * GiB, dtype=torch.uint8, device="openreg:0")
+    assert torch.openreg.memory_stats(0)["num_alloc_retries"] == retries + 1
+    del bigger
+    torch.openreg.empty_cache()
+
+
+def test_device_memory_setting_sets_capacity_and_oom_threshold():
+    result = run_python(
+        """
+        import torch
+        print(torch.openreg.get_device_properties(0).total_memory)
+        a = torch.empty(40 << 20, dtype=torch.uint8, device="openreg")
+        try:
+            torch.empty(40 << 20, dtype=torch.uint8, device="openreg")
+        except torch.OutOfMemoryError as e:
+            print("OOM", "64.00 MiB" in str(e))
+        del a
+        print(torch.empty(40 << 20, dtype=torch.uint8, device="openreg").numel())
+        """,
+        env={"OPENREG_DEVICE_MEMORY": "64M"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(64 * MiB), "OOM", "True", str(40 * MiB)]
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "12Q", "-1G", "2T"])
+def test_malformed_device_memory_setting_is_a_clear_error(value):
+    result = run_python("import torch", env={"OPENREG_DEVICE_MEMORY": value})
+    assert result.returncode != 0
+    assert f"OPENREG_DEVICE_MEMORY='{value}' is not a memory size from 1M to 1T" in result.stderr
