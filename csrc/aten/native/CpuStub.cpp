@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include "aten/OpenRegHostAlias.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -16,6 +17,9 @@ namespace {
 struct IteratorAccess : at::TensorIteratorBase {
   static at::OperandInfo& operand(at::TensorIteratorBase& iter, int64_t arg) {
     return (iter.*(&IteratorAccess::operands_))[arg];
+  }
+  static bool is_reduction(const at::TensorIteratorBase& iter) {
+    return iter.*(&IteratorAccess::is_reduction_);
   }
 };
 
@@ -40,9 +44,17 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 } // namespace
 
 void use_kernel_addresses(at::TensorIteratorBase& iter) {
+  // CPU reductions build new iterators from the operands' tensors (the
+  // two-pass and per-thread paths of TensorIteratorReduce.cpp), which would
+  // read device addresses again: give them host aliases as tensors.
+  const bool reduction = IteratorAccess::is_reduction(iter);
   for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(iter, arg);
     op.data = orKernelAddress(op.data);
+    if (reduction && op.tensor_base().defined() && op.tensor_base().device().is_privateuseone() &&
+        op.tensor_base().scalar_type() == op.current_dtype) {
+      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(host_alias(at::Tensor(op.tensor_base()))));
+    }
   }
   if (iter.ntensors() > 0 && iter.device().is_privateuseone()) {
     join_current_stream(iter.device().index());
