@@ -138,7 +138,6 @@ class DeviceCache {
     block = maybe_split(block, size);
     block->allocated = true;
     block->requested = requested;
-    active_.insert(block);
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
       const auto t = static_cast<size_t>(type);
       stats_.allocation[t].increase(1);
@@ -164,7 +163,7 @@ class DeviceCache {
       for (c10::StreamId id : block->stream_uses) {
         orEvent_t event = nullptr;
         OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
-        OPENREG_CHECK(orEventRecord(event, raw_stream(stream_of(id))));
+        OPENREG_CHECK(orEventRecord(event, raw_stream(make_stream(device_, id))));
         ++block->pending_events;
         events_.push_back(DeletedEvent{event, block});
       }
@@ -210,10 +209,6 @@ class DeviceCache {
  private:
   static StatType pool_type(const Pool& pool) {
     return pool.small ? StatType::SMALL_POOL : StatType::LARGE_POOL;
-  }
-
-  c10::Stream stream_of(c10::StreamId id) const {
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_), id);
   }
 
   template <typename Fn>
@@ -311,7 +306,6 @@ class DeviceCache {
   }
 
   void release_to_pool(Block* block) {
-    active_.erase(block);
     for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
       const auto t = static_cast<size_t>(type);
       stats_.active[t].decrease(1);
@@ -395,7 +389,6 @@ class DeviceCache {
   std::mutex mutex_;
   Pool small_{true};
   Pool large_{false};
-  std::unordered_set<Block*> active_;
   std::deque<DeletedEvent> events_;
   DeviceStats stats_;
 };

@@ -54,9 +54,7 @@ c10::DeviceIndex device_count() noexcept {
 
 c10::DeviceIndex current_device() {
   ensure_initialized();
-  int device = 0;
-  OPENREG_CHECK(orGetDevice(&device));
-  return static_cast<c10::DeviceIndex>(device);
+  return peek_current_device();
 }
 
 c10::DeviceIndex peek_current_device() noexcept {

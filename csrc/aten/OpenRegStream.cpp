@@ -49,11 +49,11 @@ orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
   return d.pool[level][index];
 }
 
-c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
+} // namespace
+
+c10::Stream make_stream(c10::DeviceIndex device, c10::StreamId id) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
 }
-
-} // namespace
 
 orStream_t raw_stream(const c10::Stream& stream) {
   TORCH_CHECK(
@@ -83,18 +83,18 @@ c10::DeviceIndex resolve(c10::DeviceIndex device) {
 
 c10::Stream current_stream(c10::DeviceIndex device) {
   device = resolve(device);
-  return make(device, current_ids[device]);
+  return make_stream(device, current_ids[device]);
 }
 
 c10::Stream default_stream(c10::DeviceIndex device) {
   device = resolve(device);
-  return make(device, 0);
+  return make_stream(device, 0);
 }
 
 c10::Stream exchange_stream(const c10::Stream& stream) {
   (void)raw_stream(stream); // validates
   const c10::DeviceIndex device = stream.device_index();
-  const c10::Stream previous = make(device, current_ids[device]);
+  const c10::Stream previous = make_stream(device, current_ids[device]);
   current_ids[device] = stream.id();
   return previous;
 }
@@ -103,7 +103,7 @@ c10::Stream stream_from_pool(c10::DeviceIndex device, int priority) {
   device = resolve(device);
   const int level = level_of(priority);
   const auto index = devices()[device].next[level].fetch_add(1) % kStreamsPerPool;
-  return make(device, pool_id(level, static_cast<int>(index)));
+  return make_stream(device, pool_id(level, static_cast<int>(index)));
 }
 
 int stream_priority(const c10::Stream& stream) {
@@ -118,7 +118,7 @@ void synchronize_stream(const c10::Stream& stream) {
 
 void join_current_stream(c10::DeviceIndex device) {
   const c10::StreamId id = current_ids[device];
-  const c10::Stream stream = make(device, id);
+  const c10::Stream stream = make_stream(device, id);
   orStream_t raw = raw_stream(stream);
   if (orStreamQuery(raw) == orError::NotReady) {
     OPENREG_CHECK(orStreamSynchronize(raw));

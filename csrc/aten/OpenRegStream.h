@@ -12,6 +12,8 @@
 
 namespace openreg {
 
+// The openreg stream `id` of `device` (0: the default stream).
+c10::Stream make_stream(c10::DeviceIndex device, c10::StreamId id);
 orStream_t raw_stream(const c10::Stream& stream);
 c10::Stream current_stream(c10::DeviceIndex device);
 c10::Stream default_stream(c10::DeviceIndex device);

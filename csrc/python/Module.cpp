@@ -34,12 +34,6 @@ py::dict device_properties(int index) {
   return d;
 }
 
-c10::Stream stream_of(int64_t stream_id, int device_index) {
-  return c10::Stream(
-      c10::Stream::UNSAFE,
-      c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device_index)), stream_id);
-}
-
 // Keeps the current stream busy for `ms` milliseconds without blocking the
 // caller, like torch.cuda._sleep: tests use it to observe asynchrony.
 void sleep_on_current_stream(double ms) {
@@ -82,9 +76,12 @@ PYBIND11_MODULE(_C, m) {
         "The current device of this thread; does not initialise openreg.");
   m.def("_set_device", [](int index) { openreg::set_device(static_cast<c10::DeviceIndex>(index)); });
   m.def("_synchronize", [](int index) { openreg::synchronize(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_validate_device_index", [](int index) {
+    openreg::validate_device_index(static_cast<c10::DeviceIndex>(index));
+  }, "IndexError naming the valid range unless the index is in it; does not initialise openreg.");
   m.def("_get_device_properties", &device_properties);
   m.def("_stream_priority", [](int64_t stream_id, int device_index) {
-    return openreg::stream_priority(stream_of(stream_id, device_index));
+    return openreg::stream_priority(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id));
   });
   m.def("_stream_priority_range", [] {
     int least = 0;

@@ -106,6 +106,14 @@ void initialize(InitState& s) {
 } // namespace
 
 namespace detail {
+orError check_device(int device) {
+  int count = 0;
+  if (orError status = orGetDeviceCount(&count); status != orError::Success) {
+    return status;
+  }
+  return device >= 0 && device < count ? orError::Success : orError::InvalidDevice;
+}
+
 const Config* config() {
   InitState& s = state();
   return s.ready.load(std::memory_order_acquire) ? &s.config : nullptr;
@@ -163,12 +171,8 @@ orError orGetDevice(int* device) {
 }
 
 orError orSetDevice(int device) {
-  int count = 0;
-  if (orError status = orGetDeviceCount(&count); status != orError::Success) {
+  if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
-  }
-  if (device < 0 || device >= count) {
-    return orError::InvalidDevice;
   }
   current_device = device;
   return orError::Success;
@@ -178,12 +182,8 @@ orError orGetDeviceProperties(orDeviceProp* prop, int device) {
   if (prop == nullptr) {
     return orError::InvalidValue;
   }
-  int count = 0;
-  if (orError status = orGetDeviceCount(&count); status != orError::Success) {
+  if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
-  }
-  if (device < 0 || device >= count) {
-    return orError::InvalidDevice;
   }
   *prop = orDeviceProp{};
   std::strncpy(prop->name, "openreg simulated device", sizeof(prop->name) - 1);
@@ -195,12 +195,8 @@ orError orGetDeviceProperties(orDeviceProp* prop, int device) {
 }
 
 orError orDeviceSynchronize(int device) {
-  int count = 0;
-  if (orError status = orGetDeviceCount(&count); status != orError::Success) {
+  if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
-  }
-  if (device < 0 || device >= count) {
-    return orError::InvalidDevice;
   }
   detail::synchronize_device_streams(device);
   return orError::Success;

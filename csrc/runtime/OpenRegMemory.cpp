@@ -25,8 +25,11 @@ constexpr size_t kHostAlignment = 64;
 struct DeviceHeap {
   std::mutex mutex;
   std::map<size_t, size_t> free; // offset -> size
-  std::map<size_t, size_t> live; // offset -> size requested
-  std::map<size_t, size_t> live_rounded; // offset -> size reserved
+  struct Live {
+    size_t size;    // bytes requested
+    size_t rounded; // bytes reserved
+  };
+  std::map<size_t, Live> live; // by offset
   size_t used = 0;
 };
 
@@ -59,11 +62,11 @@ bool find_live(DeviceHeap& heap, size_t offset, size_t* base, size_t* size) {
     return false;
   }
   --it;
-  if (offset >= it->first + it->second) {
+  if (offset >= it->first + it->second.size) {
     return false;
   }
   *base = it->first;
-  *size = it->second;
+  *size = it->second.size;
   return true;
 }
 
@@ -124,6 +127,16 @@ orError map_device_memory(Config& config, std::string* message) {
     heaps()[d].free.emplace(0, config.device_memory);
   }
   return orError::Success;
+}
+
+bool copy_ranges_valid(const void* dst, const void* src, size_t count, orMemcpyKind kind) {
+  // Like cudaMemcpy with an explicit kind: the device side of the copy must be
+  // a live device range, which catches stale pointers and overruns early; the
+  // host side must not be a device address.
+  const bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
+  const bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;
+  return (dst_device ? live_range(dst, count) : !orIsDeviceAddress(dst)) &&
+      (src_device ? live_range(src, count) : !orIsDeviceAddress(src));
 }
 
 bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base, size_t* size) {
@@ -197,8 +210,7 @@ orError orMalloc(void** ptr, size_t size) {
     if (remaining > 0) {
       heap.free.emplace(offset + rounded, remaining);
     }
-    heap.live.emplace(offset, size);
-    heap.live_rounded.emplace(offset, rounded);
+    heap.live.emplace(offset, DeviceHeap::Live{size, rounded});
     heap.used += rounded;
     *ptr = reinterpret_cast<void*>(c.device_base + device * c.device_memory + offset);
     return orError::Success;
@@ -225,11 +237,9 @@ orError orFree(void* ptr) {
   if (live == heap.live.end()) {
     return orError::InvalidPointer;
   }
-  auto rounded_it = heap.live_rounded.find(offset);
   size_t start = offset;
-  size_t size = rounded_it->second;
+  size_t size = live->second.rounded;
   heap.live.erase(live);
-  heap.live_rounded.erase(rounded_it);
   heap.used -= size;
   // Give the pages back to the host; the next allocation reads zeros.
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -338,12 +348,7 @@ orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
   if (dst == nullptr || src == nullptr) {
     return orError::InvalidValue;
   }
-  // Like cudaMemcpy with an explicit kind: the device side of the copy must be
-  // a live device range, which catches stale pointers and overruns early.
-  const bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
-  const bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;
-  if ((dst_device && !live_range(dst, count)) || (src_device && !live_range(src, count)) ||
-      (!dst_device && orIsDeviceAddress(dst)) || (!src_device && orIsDeviceAddress(src))) {
+  if (!detail::copy_ranges_valid(dst, src, count, kind)) {
     return orError::InvalidPointer;
   }
   std::memmove(orKernelAddress(dst), orKernelAddress(src), count);

@@ -26,6 +26,14 @@ orError map_device_memory(Config& config, std::string* message);
 // the fault handler. With `try_only`, gives up instead of waiting for a lock.
 bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base, size_t* size);
 
+// Memory.cpp: the checks of orMemcpy / orMemcpyAsync. Device sides must lie
+// inside one live allocation; host sides must not be device addresses.
+bool copy_ranges_valid(const void* dst, const void* src, size_t count, orMemcpyKind kind);
+
+// Device.cpp: InvalidDevice unless 0 <= device < device count (initialising
+// the runtime if needed).
+orError check_device(int device);
+
 // Fault.cpp: reports host dereferences of device addresses.
 void install_fault_handler();
 

@@ -103,6 +103,13 @@ struct EventState {
     std::unique_lock<std::mutex> lock(mutex);
     done.wait(lock, [&] { return completed >= generation; });
   }
+
+  // The generation of the last record, or 0 when it has completed (or the
+  // event was never recorded): what a wait has to wait for.
+  uint64_t outstanding() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return completed >= recorded ? 0 : recorded;
+  }
 };
 
 } // namespace
@@ -140,14 +147,6 @@ orStream* make_stream(int device, int priority, bool is_default) {
   return stream;
 }
 
-orError check_device(int device) {
-  int count = 0;
-  if (orError status = orGetDeviceCount(&count); status != orError::Success) {
-    return status;
-  }
-  return device >= 0 && device < count ? orError::Success : orError::InvalidDevice;
-}
-
 } // namespace
 
 namespace detail {
@@ -177,7 +176,7 @@ orError orStreamGetDefault(orStream_t* stream, int device) {
   if (stream == nullptr) {
     return orError::InvalidValue;
   }
-  if (orError status = check_device(device); status != orError::Success) {
+  if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
   }
   static std::array<std::once_flag, kMaxDevices> once;
@@ -194,7 +193,7 @@ orError orStreamCreateWithPriority(orStream_t* stream, int priority) {
   }
   int device = 0;
   orGetDevice(&device);
-  if (orError status = check_device(device); status != orError::Success) {
+  if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
   }
   priority = std::min(kLeastPriority, std::max(kGreatestPriority, priority));
@@ -238,15 +237,10 @@ orError orStreamWaitEvent(orStream_t stream, orEvent_t event) {
     return orError::InvalidValue;
   }
   std::shared_ptr<EventState> state = event->state;
-  uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    if (state->completed >= state->recorded) {
-      return orError::Success; // never recorded, or already done
-    }
-    generation = state->recorded;
+  const uint64_t generation = state->outstanding();
+  if (generation != 0) {
+    stream->enqueue([state, generation] { state->wait_for(generation); });
   }
-  stream->enqueue([state, generation] { state->wait_for(generation); });
   return orError::Success;
 }
 
@@ -261,17 +255,8 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
     return orError::InvalidValue;
   }
   // Validate now, so the caller gets the error; copy later, on the worker.
-  const bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
-  const bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;
-  orPointerAttributes a;
-  for (auto [ptr, device_side] : {std::pair{static_cast<const void*>(dst), dst_device}, std::pair{src, src_device}}) {
-    orPointerGetAttributes(&a, ptr);
-    const bool ok = device_side
-        ? a.is_device && static_cast<const char*>(ptr) + count <= static_cast<const char*>(a.base) + a.size
-        : !orIsDeviceAddress(ptr);
-    if (!ok) {
-      return orError::InvalidPointer;
-    }
+  if (!detail::copy_ranges_valid(dst, src, count, kind)) {
+    return orError::InvalidPointer;
   }
   void* to = orKernelAddress(dst);
   const void* from = orKernelAddress(src);
@@ -327,9 +312,7 @@ orError orEventQuery(orEvent_t event) {
   if (event == nullptr) {
     return orError::InvalidValue;
   }
-  EventState& state = *event->state;
-  std::lock_guard<std::mutex> lock(state.mutex);
-  return state.completed >= state.recorded ? orError::Success : orError::NotReady;
+  return event->state->outstanding() == 0 ? orError::Success : orError::NotReady;
 }
 
 orError orEventSynchronize(orEvent_t event) {
@@ -337,12 +320,7 @@ orError orEventSynchronize(orEvent_t event) {
     return orError::InvalidValue;
   }
   EventState& state = *event->state;
-  uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(state.mutex);
-    generation = state.recorded;
-  }
-  state.wait_for(generation);
+  state.wait_for(state.outstanding());
   return orError::Success;
 }
 
