@@ -99,13 +99,7 @@ def _index_of(device: int | str | torch.device) -> int:
     if device.type != "openreg":
         raise ValueError(f"expected an openreg device, got {device}")
     index = _C._get_device() if device.index is None else device.index
-    count = device_count()
-    if index >= count:
-        raise IndexError(
-            f"openreg device index {index} is out of range: this process has {count} openreg "
-            f"device{'' if count == 1 else 's'} (openreg:0 to openreg:{count - 1}). Use a smaller "
-            "index, or set OPENREG_DEVICE_COUNT before starting Python to simulate more devices."
-        )
+    _C._validate_device_index(index)
     return index
 
 

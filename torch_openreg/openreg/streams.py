@@ -113,12 +113,11 @@ def default_stream(device: Any = None) -> Stream:
     from torch_openreg.openreg import _device_index, _lazy_init
 
     _lazy_init()
-    return Stream(stream_id=0, device_index=_device_index(device), device_type=_device_type())
-
-
-def _device_type() -> int:
-    # The DeviceType enum value of PrivateUse1, as torch.Stream stores it.
-    return torch.Stream(device="openreg:0").device_type
+    index = _device_index(device)
+    # device_type is torch.Stream's enum value for PrivateUse1; take it from a
+    # stream that exists rather than drawing a new one from the pool.
+    current = torch.accelerator.current_stream(index)
+    return Stream(stream_id=0, device_index=index, device_type=current.device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:
