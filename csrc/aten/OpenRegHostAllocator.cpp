@@ -91,7 +91,6 @@ struct PinnedCache final : public at::CachingHostAllocatorImpl<c10::Stream, Host
   bool pinned_use_background_threads() override {
     return false;
   }
-
 };
 
 void delete_pinned(void* ctx);
