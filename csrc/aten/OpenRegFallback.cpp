@@ -14,6 +14,7 @@
 #include "OpenRegGenerator.h"
 #include "OpenRegHostAlias.h"
 #include "OpenRegStream.h"
+#include "OpenRegTrace.h"
 
 namespace openreg {
 namespace {
@@ -310,10 +311,12 @@ class FallbackCall {
 } // namespace
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const trace::Scope scope(op.operator_name(), trace::Route::Fallback);
   FallbackCall(op, stack).run();
 }
 
 void raise_blocked(const c10::OperatorHandle& op, const char* reason) {
+  const trace::Scope scope(op.operator_name(), trace::Route::Blocked);
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, c10::toString(op.schema().operator_name()), " is blocked on openreg: ", reason,
       " (backend_functions.yaml, fallback.blocklist). Run it on CPU tensors instead, or give it an "

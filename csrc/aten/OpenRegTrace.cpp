@@ -1,0 +1,100 @@
+#include "OpenRegTrace.h"
+
+#include <iostream>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace openreg::trace {
+namespace {
+
+std::atomic<ProfilerHook> profiler_hook{nullptr};
+thread_local int depth = 0;
+
+// Release wheels of torch print nothing for TORCH_SHOW_DISPATCH_TRACE=1; the
+// variable is read (and validated) by torch's own accessor.
+const bool print_from_env = [] {
+  if (c10::show_dispatch_trace()) {
+    set_observer(kPrint, true);
+  }
+  return true;
+}();
+
+void print(const Call& call) {
+  // One write per line, in torch's format (Dispatcher.cpp _print_dispatch_trace),
+  // indented by torch's own nesting counter so that, on a debug build of
+  // torch, these lines nest among the dispatcher's.
+  std::string line(static_cast<size_t>(c10::dispatch_trace_nesting_value()), ' ');
+  line += call.route == Route::Stub ? "[stub]" : "[call]";
+  line += " op=[" + call_name(call) + "], key=[PrivateUse1] -> ";
+  line += route_name(call.route);
+  if (call.kernel != nullptr) {
+    line += ' ';
+    line += call.kernel;
+  }
+  line += '\n';
+  std::cerr << line << std::flush;
+}
+
+} // namespace
+
+const char* route_name(Route route) {
+  switch (route) {
+    case Route::Kernel:
+      return "kernel";
+    case Route::Structured:
+      return "structured kernel";
+    case Route::Stub:
+      return "stub kernel";
+    case Route::CustomOp:
+      return "custom op";
+    case Route::Fallback:
+      return "CPU fallback";
+    case Route::Blocked:
+      return "blocked";
+  }
+  return "?";
+}
+
+std::string call_name(const Call& call) {
+  return call.op_name != nullptr ? c10::toString(*call.op_name) : std::string(call.op);
+}
+
+void set_observer(uint32_t bit, bool on) {
+  if (on) {
+    observers.fetch_or(bit);
+  } else {
+    observers.fetch_and(~bit);
+  }
+}
+
+void set_profiler_hook(ProfilerHook hook) {
+  profiler_hook.store(hook);
+}
+
+void Scope::begin(uint32_t watching) noexcept {
+  watching_ = watching;
+  call_.depth = depth++;
+  if (watching & kPrint) {
+    print(call_);
+    c10::dispatch_trace_nesting_incr();
+  }
+  if (watching & kProfile) {
+    if (ProfilerHook hook = profiler_hook.load()) {
+      hook(call_, /*begin=*/true);
+    }
+  }
+}
+
+void Scope::end() noexcept {
+  if (watching_ & kProfile) {
+    if (ProfilerHook hook = profiler_hook.load()) {
+      hook(call_, /*begin=*/false);
+    }
+  }
+  if (watching_ & kPrint) {
+    c10::dispatch_trace_nesting_decr();
+  }
+  --depth;
+}
+
+} // namespace openreg::trace

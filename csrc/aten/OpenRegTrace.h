@@ -1,0 +1,97 @@
+// One instrumentation point for every call the openreg backend serves. The
+// generated wrappers (plain and structured), the stub kernels, the custom
+// operators, the CPU fallback and blocked operators each open a Scope, which
+// serves two observers:
+// - the dispatch trace (TORCH_SHOW_DISPATCH_TRACE=1, or
+//   torch.openreg.set_dispatch_trace): one line per call in PyTorch's own
+//   trace format, followed by how openreg served it, indented by nesting;
+// - the profiler hook (csrc/profiler), which records device activity.
+// With no observer, a Scope costs one relaxed atomic load.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/operator_name.h>
+#include <c10/macros/Macros.h>
+
+namespace openreg::trace {
+
+// How openreg served a call.
+enum class Route : uint8_t {
+  Kernel, // a hand-written kernel behind a generated wrapper
+  Structured, // a generated structured wrapper: meta(), then impl()
+  Stub, // a DispatchStub kernel, reached from an impl()
+  CustomOp, // an operator of the openreg library
+  Fallback, // the CPU fallback
+  Blocked, // an operator in the yaml blocklist
+};
+
+const char* route_name(Route route);
+
+// Observer bits.
+inline constexpr uint32_t kPrint = 1;
+inline constexpr uint32_t kProfile = 2;
+
+inline std::atomic<uint32_t> observers{0};
+
+void set_observer(uint32_t bit, bool on);
+inline bool observed(uint32_t bit) {
+  return (observers.load(std::memory_order_relaxed) & bit) != 0;
+}
+
+// One call, as observers see it.
+struct Call {
+  const char* op = nullptr; // "aten::add.Tensor", or a stub's name
+  const c10::OperatorName* op_name = nullptr; // instead of `op` (the fallback)
+  Route route = Route::Kernel;
+  const char* kernel = nullptr; // the function that serves it, if any
+  int depth = 0; // enclosing openreg calls on this thread
+  int64_t start_ns = 0; // for the profiler hook's use
+};
+
+// The name `[call] op=[...]` shows.
+std::string call_name(const Call& call);
+
+// Called with begin=true when a scope opens and begin=false when it closes,
+// while kProfile is set.
+using ProfilerHook = void (*)(Call& call, bool begin);
+void set_profiler_hook(ProfilerHook hook);
+
+class Scope {
+ public:
+  Scope(const char* op, Route route, const char* kernel) noexcept {
+    call_.op = op;
+    call_.route = route;
+    call_.kernel = kernel;
+    const uint32_t watching = observers.load(std::memory_order_relaxed);
+    if (C10_UNLIKELY(watching != 0)) {
+      begin(watching);
+    }
+  }
+  Scope(const c10::OperatorName& op, Route route) noexcept {
+    call_.op_name = &op;
+    call_.route = route;
+    const uint32_t watching = observers.load(std::memory_order_relaxed);
+    if (C10_UNLIKELY(watching != 0)) {
+      begin(watching);
+    }
+  }
+  ~Scope() {
+    if (C10_UNLIKELY(watching_ != 0)) {
+      end();
+    }
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  void begin(uint32_t watching) noexcept;
+  void end() noexcept;
+
+  Call call_;
+  uint32_t watching_ = 0;
+};
+
+} // namespace openreg::trace
