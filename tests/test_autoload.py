@@ -36,3 +36,10 @@ def test_bad_device_count_fails_import_torch_with_the_reason():
     assert result.returncode == 1
     assert "OPENREG_DEVICE_COUNT='abc' is not a whole number from 1 to 16" in result.stderr
     assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in result.stderr  # torch's own hint
+
+
+def test_importing_torch_openreg_before_torch_works():
+    # torch's autoload then meets the half-imported torch_openreg.
+    result = run("import torch_openreg, torch; print(torch.ones(2, device='openreg').sum().item())")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "2.0"

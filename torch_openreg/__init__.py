@@ -6,7 +6,16 @@ CPU fallback, the allocator, the device guard and the PrivateUse1 hooks; then it
 renames PrivateUse1 to ``openreg`` and installs ``torch.openreg``.
 """
 
-import torch
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing this module did the work."""
+
+
+# Defined before `import torch`: when a program imports torch_openreg before
+# torch, torch's autoload finds this module half-initialised and calls
+# _autoload, which must already exist; the rest of this file then finishes.
+import torch  # noqa: E402
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the backend)
 
@@ -25,7 +34,3 @@ torch.utils.generate_methods_for_privateuse1_backend(
 )
 
 __all__ = ["openreg"]
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: importing this module did the work."""
