@@ -12,7 +12,18 @@ import os
 
 from codegen.emit_custom import kernel_entries, register_custom_ops
 from codegen.emit_structured import register_structured
-from codegen.model import CPU_KERNEL_HEADER, CPU_KERNEL_TEMPLATE, NATIVE_HEADER, BackendConfig, KernelEntry, OpRef, StubEntry
+from codegen.model import (
+    CPU_KERNEL_HEADER,
+    CPU_KERNEL_TEMPLATE,
+    NATIVE_HEADER,
+    TRACE_HEADER,
+    TRACE_NAMESPACE,
+    BackendConfig,
+    KernelEntry,
+    OpRef,
+    StubEntry,
+    trace_scope,
+)
 from torchgen.api.translate import translate
 from torchgen.api.types import DispatcherSignature, NativeSignature
 from torchgen.context import native_function_manager
@@ -127,21 +138,30 @@ def device_check(entry: KernelEntry, name: str) -> str:
     return "\n".join(lines)
 
 
-def wrapper(cfg: BackendConfig, entry: KernelEntry, name: str | None = None) -> str:
+def wrapper(
+    cfg: BackendConfig,
+    entry: KernelEntry,
+    name: str | None,
+    trace: tuple[str, str] | None,
+) -> str:
+    """`trace` is (qualified operator name, route) for the wrapper's trace
+    scope, or None for no scope (Meta kernels)."""
+    kernel = f"{cfg.cpp_namespace}::{entry.kernel}"
+    scope = f"  {trace_scope(trace[0], trace[1], kernel)}\n" if trace else ""
     with native_function_manager(entry.func):
         dispatcher = DispatcherSignature.from_schema(entry.func.func)
         exprs = translate(dispatcher.arguments(), kernel_signature(entry).arguments(), method=False)
-        call = f"{cfg.cpp_namespace}::{entry.kernel}({', '.join(e.expr for e in exprs)})"
+        call = f"{kernel}({', '.join(e.expr for e in exprs)})"
         return f"""// {entry.func.func}
 {dispatcher.defn(name=name or wrapper_name(entry))} {{
-{device_check(entry, name or wrapper_name(entry))}
+{scope}{device_check(entry, name or wrapper_name(entry))}
 {device_guard(entry)}
   return {call};
 }}"""
 
 
 def register_kernels(cfg: BackendConfig) -> str:
-    wrappers = "\n\n".join(wrapper(cfg, e) for e in cfg.kernels)
+    wrappers = "\n\n".join(wrapper(cfg, e, None, (f"aten::{e.name}", "Kernel")) for e in cfg.kernels)
     impls = "\n".join(
         f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e)}));' for e in cfg.kernels
     )
@@ -167,6 +187,7 @@ def register_kernels(cfg: BackendConfig) -> str:
 #include <torch/library.h>
 
 #include "{NATIVE_HEADER}"
+#include "{TRACE_HEADER}"
 
 // The wrappers have the dispatcher's signature (SymInt where the schema has
 // SymInt) and call the kernels with their native signature.
@@ -191,6 +212,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
 def name_test(ref: OpRef) -> str:
     n = ref.name
     return f'name.name == "aten::{n.name}" && name.overload_name == "{n.overload_name}"'
+
+
+def kernel_table(cfg: BackendConfig) -> str:
+    """Rows of openreg::generated::bindings(): what serves each operator and
+    stub the yaml names (for torch.openreg's coverage report)."""
+    route = f"{TRACE_NAMESPACE}::Route::"
+    rows = [(f"aten::{k.name}", "Kernel", f"{cfg.cpp_namespace}::{k.kernel}") for k in cfg.kernels]
+    rows += [
+        (f"aten::{f.func.name}", "Structured", s.parent_class) for s in cfg.structured for f in s.functions()
+    ]
+    rows += [
+        (f"{cfg.custom_namespace}::{c.name}", "CustomOp", f"{cfg.cpp_namespace}::{c.kernel}") for c in cfg.custom_ops
+    ]
+    rows += [(st.decl.qualified_name, "Stub", stub_kernel(cfg, st).removeprefix("::")) for st in cfg.stubs]
+    rows += [(f"aten::{r.name}", "Fallback", "") for r in cfg.fallback.ops]
+    rows += [(f"aten::{r.name}", "Blocked", r.reason or "") for r in cfg.fallback.blocklist]
+    return "\n".join(f"      {{{cpp_string(op)}, {route}{kind}, {cpp_string(detail)}}}," for op, kind, detail in rows)
 
 
 def register_fallback(cfg: BackendConfig) -> str:
@@ -230,6 +268,7 @@ def register_fallback(cfg: BackendConfig) -> str:
 #include <torch/library.h>
 
 #include "aten/OpenRegFallback.h"
+#include "{TRACE_HEADER}"
 
 namespace openreg::generated {{
 namespace {{
@@ -249,6 +288,17 @@ bool op_accepts_cpu_tensors(const c10::OperatorName& name) {{
 {accepts}  return false;
 }}
 
+bool global_fallback() {{
+  return {"true" if policy.enabled else "false"};
+}}
+
+const std::vector<Binding>& bindings() {{
+  static const std::vector<Binding> table = {{
+{kernel_table(cfg)}
+  }};
+  return table;
+}}
+
 }} // namespace openreg::generated
 
 using openreg::generated::blocked_kernel;
@@ -261,8 +311,22 @@ using openreg::generated::blocked_kernel;
 
 def stub_kernel(cfg: BackendConfig, st: StubEntry) -> str:
     if not st.cpu_kernel:
-        return f"&::{cfg.cpp_namespace}::{st.kernel}"
-    return f"&::{cfg.cpp_namespace}::{CPU_KERNEL_TEMPLATE}<&{st.decl.name}>::run"
+        return f"::{cfg.cpp_namespace}::{st.kernel}"
+    return f"::{cfg.cpp_namespace}::{CPU_KERNEL_TEMPLATE}<&{st.decl.name}>::run"
+
+
+def stub_registration(cfg: BackendConfig, st: StubEntry) -> str:
+    """The stub's kernel behind a trace scope (TracedStub, OpenRegTrace.h)."""
+    site = f"{st.decl.name}_site"
+    traced = (
+        f"{TRACE_NAMESPACE}::TracedStub<decltype({st.decl.name})::FnPtr>"
+        f"::run<&{site}, &{stub_kernel(cfg, st)}>"
+    )
+    return (
+        f'constexpr {TRACE_NAMESPACE}::Site {site}{{"{st.decl.name}", '
+        f'"{stub_kernel(cfg, st).removeprefix("::")}"}};\n'
+        f"REGISTER_PRIVATEUSE1_DISPATCH({st.decl.name}, (&{traced}))"
+    )
 
 
 def register_stubs(cfg: BackendConfig) -> str:
@@ -270,9 +334,7 @@ def register_stubs(cfg: BackendConfig) -> str:
     (ATen/native/DispatchStub.h), so each registration sits in its stub's namespace."""
     by_namespace: dict[str, list[str]] = {}
     for st in cfg.stubs:
-        by_namespace.setdefault(st.decl.namespace, []).append(
-            f"REGISTER_PRIVATEUSE1_DISPATCH({st.decl.name}, {stub_kernel(cfg, st)})"
-        )
+        by_namespace.setdefault(st.decl.namespace, []).append(stub_registration(cfg, st))
     blocks = "\n".join(
         f"namespace {ns} {{\n" + "\n".join(regs) + f"\n}} // namespace {ns}\n"
         for ns, regs in sorted(by_namespace.items())
@@ -286,7 +348,8 @@ def register_stubs(cfg: BackendConfig) -> str:
 // TensorIterator lands here.
 #include <ATen/native/DispatchStub.h>
 
-#include "{NATIVE_HEADER}"{cpu_include}
+#include "{NATIVE_HEADER}"
+#include "{TRACE_HEADER}"{cpu_include}
 
 {blocks}"""
 
@@ -298,6 +361,6 @@ def generate(cfg: BackendConfig) -> dict[str, str]:
         REGISTER_KERNELS: register_kernels(cfg),
         **register_structured(cfg, banner(cfg)),
         REGISTER_STUBS: register_stubs(cfg),
-        REGISTER_CUSTOM_OPS: register_custom_ops(cfg, banner(cfg), lambda e, n: wrapper(cfg, e, n)),
+        REGISTER_CUSTOM_OPS: register_custom_ops(cfg, banner(cfg), lambda e, n, t: wrapper(cfg, e, n, t)),
         REGISTER_FALLBACK: register_fallback(cfg),
     }

@@ -11,7 +11,7 @@ works and backward raises a clear error.
 
 from __future__ import annotations
 
-from codegen.model import BackendConfig, CustomOp, KernelEntry
+from codegen.model import TRACE_HEADER, BackendConfig, CustomOp, KernelEntry
 from torchgen.api.types import DispatcherSignature
 from torchgen.context import native_function_manager
 
@@ -120,7 +120,7 @@ struct {name} : public torch::autograd::Function<{name}> {{
 
 
 def register_custom_ops(cfg: BackendConfig, banner: str, wrapper) -> str:  # type: ignore[no-untyped-def]
-    """`wrapper(entry, name)` is the aten kernel wrapper emitter of emit.py."""
+    """`wrapper(entry, name, trace)` is the aten kernel wrapper emitter of emit.py."""
     if not cfg.custom_ops:
         return f"{banner}\n// No custom_ops in the yaml.\n"
     ns = cfg.custom_namespace
@@ -129,8 +129,8 @@ def register_custom_ops(cfg: BackendConfig, banner: str, wrapper) -> str:  # typ
         with native_function_manager(op.func):
             device, meta = kernel_entries(op)
             name = str(op.name)
-            wrappers.append(wrapper(device, f"wrapper_PrivateUse1_{op.name.name}"))
-            wrappers.append(wrapper(meta, f"wrapper_Meta_{op.name.name}"))
+            wrappers.append(wrapper(device, f"wrapper_PrivateUse1_{op.name.name}", (f"{ns}::{name}", "CustomOp")))
+            wrappers.append(wrapper(meta, f"wrapper_Meta_{op.name.name}", None))
             defs.append(f'  m.def("{op.func.func}", {{at::Tag::pt2_compliant_tag}});')
             impls.append(f'  m.impl("{name}", TORCH_FN(wrapper_PrivateUse1_{op.name.name}));')
             metas.append(f'  m.impl("{name}", TORCH_FN(wrapper_Meta_{op.name.name}));')
@@ -150,6 +150,7 @@ def register_custom_ops(cfg: BackendConfig, banner: str, wrapper) -> str:  # typ
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "{TRACE_HEADER}"
 
 namespace at {{
 namespace {{

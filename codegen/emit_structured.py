@@ -19,7 +19,7 @@ SymInt conversions follow the schemas of the installed torch.
 
 from __future__ import annotations
 
-from codegen.model import CPU_KERNEL_HEADER, STRUCTURED_PREPARE, BackendConfig, StructuredEntry
+from codegen.model import CPU_KERNEL_HEADER, STRUCTURED_PREPARE, TRACE_HEADER, BackendConfig, StructuredEntry, trace_scope
 from torchgen.api import structured
 from torchgen.api.translate import translate
 from torchgen.api.types import (
@@ -180,7 +180,7 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
     kind = f.func.kind()
     sig = wrapper_signature(f)
     context: list[Binding | Expr] = list(sig.arguments())
-    body: list[str] = []
+    body = [trace_scope(f"aten::{f.func.name}", "Structured", entry.parent_class)]
     name = class_name(entry, kind)
     if kind is SchemaKind.functional:
         body.append(f"{name} op;")
@@ -271,6 +271,7 @@ def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) 
 #include <torch/library.h>
 {includes}
 #include "{CPU_KERNEL_HEADER}"
+#include "{TRACE_HEADER}"
 
 namespace at {{
 namespace {{

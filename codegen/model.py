@@ -21,6 +21,16 @@ CPU_KERNEL_TEMPLATE = "CpuKernelOf"
 # Called between a structured op's meta() and impl(), with the op object
 # (declared in CPU_KERNEL_HEADER, in the backend's cpp_namespace).
 STRUCTURED_PREPARE = "prepare_structured_impl"
+# Every generated kernel entry point opens a trace scope (csrc/aten/OpenRegTrace.h):
+# the dispatch trace and the profiler observe calls through it.
+TRACE_HEADER = "aten/OpenRegTrace.h"
+TRACE_NAMESPACE = "::openreg::trace"
+
+
+def trace_scope(op: str, route: str, kernel: str) -> str:
+    """The statement that opens the trace scope of one call; `route` names a
+    value of openreg::trace::Route."""
+    return f'const {TRACE_NAMESPACE}::Scope trace_scope("{op}", {TRACE_NAMESPACE}::Route::{route}, "{kernel}");'
 
 
 @dataclass(frozen=True)

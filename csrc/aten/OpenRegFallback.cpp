@@ -1,8 +1,11 @@
 #include "OpenRegFallback.h"
 
+#include <atomic>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -308,11 +311,82 @@ class FallbackCall {
   std::unordered_map<c10::TensorImpl*, at::Tensor> alias_to_device_;
 };
 
+std::atomic<FallbackMode> mode{FallbackMode::Silent};
+
+// Operators that ran through the fallback, and those already warned about.
+struct Stats {
+  std::mutex mutex;
+  std::unordered_map<c10::OperatorName, int64_t> counts;
+  std::unordered_set<c10::OperatorName> warned;
+};
+
+Stats& stats() {
+  static Stats* s = new Stats(); // leaked: fallbacks may run during exit
+  return *s;
+}
+
+// Counts the call; in Warn mode, warns the first time an operator falls back.
+void note_fallback(const c10::OperatorName& name, FallbackMode current) {
+  Stats& s = stats();
+  bool first_warning = false;
+  {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    ++s.counts[name];
+    if (current == FallbackMode::Warn) {
+      first_warning = s.warned.insert(name).second;
+    }
+  }
+  if (first_warning) {
+    TORCH_WARN(
+        c10::toString(name), " has no openreg kernel and ran on the CPU fallback (OPENREG_FALLBACK=warn "
+        "warns once per operator). To run it natively, give it a kernel in backend_functions.yaml "
+        "(docs/adding_an_op.md).");
+  }
+}
+
 } // namespace
 
+void set_fallback_mode(FallbackMode m) {
+  mode.store(m, std::memory_order_relaxed);
+  if (m == FallbackMode::Warn) {
+    Stats& s = stats();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    s.warned.clear(); // switching to warn warns again
+  }
+}
+
+FallbackMode fallback_mode() {
+  return mode.load(std::memory_order_relaxed);
+}
+
+std::vector<std::pair<std::string, int64_t>> fallback_stats() {
+  Stats& s = stats();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  std::vector<std::pair<std::string, int64_t>> out;
+  out.reserve(s.counts.size());
+  for (const auto& [name, count] : s.counts) {
+    out.emplace_back(c10::toString(name), count);
+  }
+  return out;
+}
+
+void reset_fallback_stats() {
+  Stats& s = stats();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  s.counts.clear();
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const trace::Scope scope(op.operator_name(), trace::Route::Fallback);
+  const c10::OperatorName& name = op.operator_name();
+  const trace::Scope scope(name, trace::Route::Fallback);
+  const FallbackMode current = fallback_mode();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      current != FallbackMode::Error, c10::toString(name),
+      " has no openreg kernel, and OPENREG_FALLBACK=error forbids running it on the CPU fallback. "
+      "Give it a kernel in backend_functions.yaml (kernels:, structured: or stubs:; see "
+      "docs/adding_an_op.md), or allow the fallback with torch.openreg.set_fallback_mode(\"silent\").");
   FallbackCall(op, stack).run();
+  note_fallback(name, current);
 }
 
 void raise_blocked(const c10::OperatorHandle& op, const char* reason) {

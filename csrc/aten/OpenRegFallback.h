@@ -4,12 +4,30 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "OpenRegTrace.h"
+
 namespace openreg {
 
 // Boxed kernel: runs the operator's CPU kernel directly on host aliases of the
 // openreg operands (no staging copies), so in-place ops and out= write device
 // memory, views stay views, and fresh results are moved to the operands' device.
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// What the fallback does besides running the operator (OPENREG_FALLBACK,
+// torch.openreg.set_fallback_mode): Silent counts it, Warn also warns once per
+// operator, Error raises NotImplementedError instead of running it.
+enum class FallbackMode { Silent, Warn, Error };
+void set_fallback_mode(FallbackMode mode);
+FallbackMode fallback_mode();
+
+// How often each operator ran through the fallback ("aten::abs.out", count),
+// since start or since reset_fallback_stats().
+std::vector<std::pair<std::string, int64_t>> fallback_stats();
+void reset_fallback_stats();
 
 // Boxed kernel for operators in the yaml blocklist: raises NotImplementedError
 // with the reason the yaml gives.
@@ -20,6 +38,17 @@ namespace generated {
 // (fallback.cpu_tensor_args): operators that, as on CUDA, accept CPU tensors
 // of any shape beside device tensors (e.g. CPU indices for indexing).
 bool op_accepts_cpu_tensors(const c10::OperatorName& name);
+
+// Whether the yaml turns on the CPU fallback for every operator (fallback.global).
+bool global_fallback();
+
+// What the yaml binds: one row per operator or stub it names.
+struct Binding {
+  const char* name; // "aten::add.out", "openreg::add_relu", "at::native::add_stub"
+  trace::Route route;
+  const char* detail; // the serving function, or a blocked operator's reason
+};
+const std::vector<Binding>& bindings();
 } // namespace generated
 
 } // namespace openreg

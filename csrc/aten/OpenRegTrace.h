@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <ATen/core/operator_name.h>
 #include <c10/macros/Macros.h>
@@ -59,6 +60,12 @@ std::string call_name(const Call& call);
 using ProfilerHook = void (*)(Call& call, bool begin);
 void set_profiler_hook(ProfilerHook hook);
 
+// A stub and its kernel, for TracedStub.
+struct Site {
+  const char* stub;
+  const char* kernel;
+};
+
 class Scope {
  public:
   Scope(const char* op, Route route, const char* kernel) noexcept {
@@ -92,6 +99,21 @@ class Scope {
 
   Call call_;
   uint32_t watching_ = 0;
+};
+
+// The openreg kernel of a DispatchStub behind a trace scope: the generated
+// RegisterStubs.cpp registers TracedStub<FnPtr>::run<&site, &kernel>, which
+// has exactly the stub's function type.
+template <typename FnPtr>
+struct TracedStub;
+
+template <typename R, typename... Args>
+struct TracedStub<R (*)(Args...)> {
+  template <const Site* site, R (*kernel)(Args...)>
+  static R run(Args... args) {
+    const Scope scope(site->stub, Route::Stub, site->kernel);
+    return kernel(std::forward<Args>(args)...);
+  }
 };
 
 } // namespace openreg::trace

@@ -10,8 +10,10 @@
 #include "aten/OpenRegAllocator.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegException.h"
+#include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegStream.h"
+#include "aten/OpenRegTrace.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace {
@@ -60,6 +62,40 @@ double event_elapsed_time(py::handle start, py::handle end) {
   return reinterpret_cast<THPEvent*>(start.ptr())->event.elapsedTime(reinterpret_cast<THPEvent*>(end.ptr())->event);
 }
 
+constexpr std::pair<const char*, openreg::FallbackMode> kFallbackModes[] = {
+    {"silent", openreg::FallbackMode::Silent},
+    {"warn", openreg::FallbackMode::Warn},
+    {"error", openreg::FallbackMode::Error},
+};
+
+void set_fallback_mode(const std::string& name) {
+  for (const auto& [mode_name, mode] : kFallbackModes) {
+    if (name == mode_name) {
+      openreg::set_fallback_mode(mode);
+      return;
+    }
+  }
+  TORCH_CHECK_VALUE(false, "unknown fallback mode '", name, "': use 'silent', 'warn' or 'error'");
+}
+
+std::string fallback_mode() {
+  for (const auto& [mode_name, mode] : kFallbackModes) {
+    if (openreg::fallback_mode() == mode) {
+      return mode_name;
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "fallback mode without a name");
+}
+
+// (name, route, detail) for each operator and stub backend_functions.yaml binds.
+std::vector<std::tuple<std::string, std::string, std::string>> bindings() {
+  std::vector<std::tuple<std::string, std::string, std::string>> rows;
+  for (const openreg::generated::Binding& b : openreg::generated::bindings()) {
+    rows.emplace_back(b.name, openreg::trace::route_name(b.route), b.detail);
+  }
+  return rows;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -93,5 +129,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("_sleep", &sleep_on_current_stream, "Queues a wait of `ms` milliseconds on the current stream.");
   m.def("_install_fault_handler", [] { OPENREG_CHECK(openreg::orInstallFaultHandler()); },
         "Puts openreg's device-memory fault report in front of SIGSEGV handlers installed since.");
+  m.def("_set_fallback_mode", &set_fallback_mode);
+  m.def("_get_fallback_mode", &fallback_mode);
+  m.def("_fallback_stats", [] {
+    py::dict d;
+    for (const auto& [name, count] : openreg::fallback_stats()) {
+      d[py::str(name)] = count;
+    }
+    return d;
+  });
+  m.def("_reset_fallback_stats", &openreg::reset_fallback_stats);
+  m.def("_set_dispatch_trace", [](bool on) { openreg::trace::set_observer(openreg::trace::kPrint, on); });
+  m.def("_is_dispatch_trace_enabled", [] { return openreg::trace::observed(openreg::trace::kPrint); });
+  m.def("_bindings", &bindings);
+  m.def("_global_fallback", &openreg::generated::global_fallback);
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }

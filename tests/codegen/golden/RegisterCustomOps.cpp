@@ -10,12 +10,14 @@
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegTrace.h"
 
 namespace at {
 namespace {
 
 // scale(Tensor self, float factor) -> Tensor
 at::Tensor wrapper_PrivateUse1_scale(const at::Tensor & self, double factor) {
+  const ::openreg::trace::Scope trace_scope("openreg::scale", ::openreg::trace::Route::CustomOp, "demo::native::scale");
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, self, "wrapper_PrivateUse1_scale", "self");
   const c10::OptionalDeviceGuard device_guard(at::device_of(self));
@@ -31,6 +33,7 @@ at::Tensor wrapper_Meta_scale(const at::Tensor & self, double factor) {
 
 // scale_backward(Tensor grad, float factor) -> Tensor
 at::Tensor wrapper_PrivateUse1_scale_backward(const at::Tensor & grad, double factor) {
+  const ::openreg::trace::Scope trace_scope("openreg::scale_backward", ::openreg::trace::Route::CustomOp, "demo::native::scale_backward");
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, grad, "wrapper_PrivateUse1_scale_backward", "grad");
   const c10::OptionalDeviceGuard device_guard(at::device_of(grad));
@@ -46,6 +49,7 @@ at::Tensor wrapper_Meta_scale_backward(const at::Tensor & grad, double factor) {
 
 // norm2(Tensor self, Tensor? weight=None) -> Tensor
 at::Tensor wrapper_PrivateUse1_norm2(const at::Tensor & self, const ::std::optional<at::Tensor> & weight) {
+  const ::openreg::trace::Scope trace_scope("openreg::norm2", ::openreg::trace::Route::CustomOp, "demo::native::norm2");
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, self, "wrapper_PrivateUse1_norm2", "self");
   c10::impl::check_and_update_common_device(common_device, weight, "wrapper_PrivateUse1_norm2", "weight");

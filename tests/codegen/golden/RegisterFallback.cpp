@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "aten/OpenRegFallback.h"
+#include "aten/OpenRegTrace.h"
 
 namespace openreg::generated {
 namespace {
@@ -27,6 +28,33 @@ bool op_accepts_cpu_tensors(const c10::OperatorName& name) {
     return true;
   }
   return false;
+}
+
+bool global_fallback() {
+  return false;
+}
+
+const std::vector<Binding>& bindings() {
+  static const std::vector<Binding> table = {
+      {"aten::empty.memory_format", ::openreg::trace::Route::Kernel, "demo::native::empty_memory_format"},
+      {"aten::view", ::openreg::trace::Route::Kernel, "demo::native::view_symint"},
+      {"aten::_copy_from", ::openreg::trace::Route::Kernel, "demo::native::copy_from"},
+      {"aten::add.out", ::openreg::trace::Route::Kernel, "demo::native::add_out"},
+      {"aten::neg", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},
+      {"aten::neg.out", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},
+      {"aten::neg_", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},
+      {"aten::max.dim", ::openreg::trace::Route::Structured, "at::native::structured_max_out"},
+      {"aten::max.dim_max", ::openreg::trace::Route::Structured, "at::native::structured_max_out"},
+      {"openreg::scale", ::openreg::trace::Route::CustomOp, "demo::native::scale"},
+      {"openreg::scale_backward", ::openreg::trace::Route::CustomOp, "demo::native::scale_backward"},
+      {"openreg::norm2", ::openreg::trace::Route::CustomOp, "demo::native::norm2"},
+      {"at::native::neg_stub", ::openreg::trace::Route::Stub, "demo::native::neg_kernel"},
+      {"at::native::fill_stub", ::openreg::trace::Route::Stub, "demo::native::fill_kernel"},
+      {"at::native::add_stub", ::openreg::trace::Route::Stub, "demo::native::CpuKernelOf<&add_stub>::run"},
+      {"aten::mm", ::openreg::trace::Route::Fallback, ""},
+      {"aten::_pin_memory", ::openreg::trace::Route::Blocked, "no \"pinned\" memory here"},
+  };
+  return table;
 }
 
 } // namespace openreg::generated

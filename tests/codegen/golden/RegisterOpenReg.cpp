@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegTrace.h"
 
 // The wrappers have the dispatcher's signature (SymInt where the schema has
 // SymInt) and call the kernels with their native signature.
@@ -15,6 +16,7 @@ namespace {
 
 // empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
 at::Tensor wrapper_empty_memory_format(c10::SymIntArrayRef size, ::std::optional<at::ScalarType> dtype, ::std::optional<at::Layout> layout, ::std::optional<at::Device> device, ::std::optional<bool> pin_memory, ::std::optional<at::MemoryFormat> memory_format) {
+  const ::openreg::trace::Scope trace_scope("aten::empty.memory_format", ::openreg::trace::Route::Kernel, "demo::native::empty_memory_format");
   // no device check
   const c10::DeviceGuard device_guard(c10::device_or_default(device));
   return demo::native::empty_memory_format(C10_AS_INTARRAYREF_SLOW(size), dtype, layout, device, pin_memory, memory_format);
@@ -22,6 +24,7 @@ at::Tensor wrapper_empty_memory_format(c10::SymIntArrayRef size, ::std::optional
 
 // view(Tensor(a) self, SymInt[] size) -> Tensor(a)
 at::Tensor wrapper_view(const at::Tensor & self, c10::SymIntArrayRef size) {
+  const ::openreg::trace::Scope trace_scope("aten::view", ::openreg::trace::Route::Kernel, "demo::native::view_symint");
   // no device check
   // no device guard
   return demo::native::view_symint(self, size);
@@ -29,6 +32,7 @@ at::Tensor wrapper_view(const at::Tensor & self, c10::SymIntArrayRef size) {
 
 // _copy_from(Tensor self, Tensor dst, bool non_blocking=False) -> Tensor
 at::Tensor wrapper__copy_from(const at::Tensor & self, const at::Tensor & dst, bool non_blocking) {
+  const ::openreg::trace::Scope trace_scope("aten::_copy_from", ::openreg::trace::Route::Kernel, "demo::native::copy_from");
   // no device check
   const c10::OptionalDeviceGuard device_guard(at::device_of(self));
   return demo::native::copy_from(self, dst, non_blocking);
@@ -36,6 +40,7 @@ at::Tensor wrapper__copy_from(const at::Tensor & self, const at::Tensor & dst, b
 
 // add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 at::Tensor & wrapper_add_out(const at::Tensor & self, const at::Tensor & other, const at::Scalar & alpha, at::Tensor & out) {
+  const ::openreg::trace::Scope trace_scope("aten::add.out", ::openreg::trace::Route::Kernel, "demo::native::add_out");
   // no device check
   const c10::OptionalDeviceGuard device_guard(at::device_of(self));
   return demo::native::add_out(self, other, alpha, out);

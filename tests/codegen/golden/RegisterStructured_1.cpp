@@ -9,6 +9,7 @@
 #include <ATen/ops/neg_native.h>
 
 #include "aten/native/CpuStub.h"
+#include "aten/OpenRegTrace.h"
 
 namespace at {
 namespace {
@@ -102,6 +103,7 @@ struct structured_neg_out_functional final : public at::native::structured_neg_o
 
 // neg(Tensor self) -> Tensor
 at::Tensor wrapper_PrivateUse1_neg(const at::Tensor & self) {
+  const ::openreg::trace::Scope trace_scope("aten::neg", ::openreg::trace::Route::Structured, "at::native::structured_neg_out");
   structured_neg_out_functional op;
   op.meta(self);
   ::demo::native::prepare_structured_impl(op);
@@ -157,6 +159,7 @@ struct structured_neg_out_out final : public at::native::structured_neg_out {
 
 // neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
 at::Tensor & wrapper_PrivateUse1_neg_out_out(const at::Tensor & self, at::Tensor & out) {
+  const ::openreg::trace::Scope trace_scope("aten::neg.out", ::openreg::trace::Route::Structured, "at::native::structured_neg_out");
   structured_neg_out_out op(out);
   op.meta(self);
   ::demo::native::prepare_structured_impl(op);
@@ -215,6 +218,7 @@ struct structured_neg_out_inplace final : public at::native::structured_neg_out 
 
 // neg_(Tensor(a!) self) -> Tensor(a!)
 at::Tensor & wrapper_PrivateUse1_neg_(at::Tensor & self) {
+  const ::openreg::trace::Scope trace_scope("aten::neg_", ::openreg::trace::Route::Structured, "at::native::structured_neg_out");
   structured_neg_out_inplace op(self);
   op.meta(self);
   ::demo::native::prepare_structured_impl(op);

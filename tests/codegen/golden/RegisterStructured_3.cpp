@@ -9,6 +9,7 @@
 #include <ATen/ops/max_native.h>
 
 #include "aten/native/CpuStub.h"
+#include "aten/OpenRegTrace.h"
 
 namespace at {
 namespace {
@@ -100,6 +101,7 @@ struct structured_max_out_functional final : public at::native::structured_max_o
 
 // max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
 ::std::tuple<at::Tensor,at::Tensor> wrapper_PrivateUse1_max_dim(const at::Tensor & self, int64_t dim, bool keepdim) {
+  const ::openreg::trace::Scope trace_scope("aten::max.dim", ::openreg::trace::Route::Structured, "at::native::structured_max_out");
   structured_max_out_functional op;
   auto precompute = op.meta(self, dim, keepdim);
   (void)precompute;
@@ -154,6 +156,7 @@ struct structured_max_out_out final : public at::native::structured_max_out {
 
 // max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)
 ::std::tuple<at::Tensor &,at::Tensor &> wrapper_PrivateUse1_max_out_dim_max(const at::Tensor & self, int64_t dim, bool keepdim, at::Tensor & max, at::Tensor & max_values) {
+  const ::openreg::trace::Scope trace_scope("aten::max.dim_max", ::openreg::trace::Route::Structured, "at::native::structured_max_out");
   structured_max_out_out op(max, max_values);
   auto precompute = op.meta(self, dim, keepdim);
   (void)precompute;

@@ -7,10 +7,14 @@
 #include <ATen/native/DispatchStub.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegTrace.h"
 #include "aten/native/CpuStub.h"
 
 namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(neg_stub, &::demo::native::neg_kernel)
-REGISTER_PRIVATEUSE1_DISPATCH(fill_stub, &::demo::native::fill_kernel)
-REGISTER_PRIVATEUSE1_DISPATCH(add_stub, &::demo::native::CpuKernelOf<&add_stub>::run)
+constexpr ::openreg::trace::Site neg_stub_site{"neg_stub", "demo::native::neg_kernel"};
+REGISTER_PRIVATEUSE1_DISPATCH(neg_stub, (&::openreg::trace::TracedStub<decltype(neg_stub)::FnPtr>::run<&neg_stub_site, &::demo::native::neg_kernel>))
+constexpr ::openreg::trace::Site fill_stub_site{"fill_stub", "demo::native::fill_kernel"};
+REGISTER_PRIVATEUSE1_DISPATCH(fill_stub, (&::openreg::trace::TracedStub<decltype(fill_stub)::FnPtr>::run<&fill_stub_site, &::demo::native::fill_kernel>))
+constexpr ::openreg::trace::Site add_stub_site{"add_stub", "demo::native::CpuKernelOf<&add_stub>::run"};
+REGISTER_PRIVATEUSE1_DISPATCH(add_stub, (&::openreg::trace::TracedStub<decltype(add_stub)::FnPtr>::run<&add_stub_site, &::demo::native::CpuKernelOf<&add_stub>::run>))
 } // namespace at::native

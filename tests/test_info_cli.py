@@ -1,0 +1,121 @@
+"""`python -m torch_openreg info`: versions, devices, and what serves each operator."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_openreg import info
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch_openreg", *args],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ),
+    )
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    result = cli("info", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_json_report_counts_every_aten_operator(report):
+    assert report["torch"] == torch.__version__
+    assert report["aten_operators"] == len(info.operators("aten"))
+    assert sum(report["counts"].values()) == report["aten_operators"]
+    assert sum(report["native_by_route"].values()) == report["counts"]["native"]
+    assert report["counts"]["blocked"] == 1  # _pin_memory
+    assert report["custom_operators"] == ["openreg::add_relu", "openreg::add_relu_backward"]
+    assert "at::native::add_stub" in report["stubs"]
+
+
+def test_json_report_lists_devices_and_memory(report):
+    assert [d["index"] for d in report["devices"]] == list(range(torch.openreg.device_count()))
+    for d in report["devices"]:
+        assert d["memory"]["total"] == torch.openreg.get_device_properties(d["index"]).total_memory
+        assert 0 < d["memory"]["free"] <= d["memory"]["total"]
+
+
+def test_native_count_matches_the_operators_the_yaml_binds(report):
+    bound = info.bindings()
+    aten_native = {n for n, (route, _) in bound.items() if n.startswith("aten::") and route not in ("blocked", "CPU fallback", "stub kernel")}
+    assert report["counts"]["native"] == len(aten_native)
+
+
+def test_text_report(report):
+    result = cli("info")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"torch_openreg {report['torch_openreg']} (torch {torch.__version__})" in out
+    assert f"devices: {torch.openreg.device_count()}" in out
+    assert "openreg:0" in out
+    for category in info.CATEGORIES:
+        assert f"  {category:<12}{report['counts'][category]:>6}" in out
+
+
+@pytest.mark.parametrize(
+    "name, category, served_by",
+    [
+        ("aten::add.Tensor", "native", "structured kernel at::native::structured_ufunc_add_CPU"),
+        ("aten::empty.memory_format", "native", "kernel openreg::native::empty_memory_format"),
+        ("aten::abs.out", "fallback", "CPU fallback"),
+        ("aten::abs", "composite", "CompositeExplicitAutograd kernel: runs through other operators"),
+        ("aten::linear", "composite", "CompositeImplicitAutograd kernel: runs through other operators"),
+        ("aten::_pin_memory", "blocked", "blocked: only CPU tensors can be pinned; call .cpu() first"),
+        ("aten::convolution", "fallback", "CPU fallback (fallback.ops in the yaml)"),
+        ("openreg::add_relu", "native", "custom op openreg::native::add_relu"),
+    ],
+)
+def test_classification(name, category, served_by):
+    r = info.classify(name)
+    assert (r.category, r.served_by) == (category, served_by)
+
+
+def test_classification_agrees_with_what_runs():
+    # An operator classified "fallback" is counted by fallback_stats when it
+    # runs; a "native" one is not.
+    a = torch.tensor([-1.0, 2.0], device="openreg")
+    torch.openreg.reset_fallback_stats()
+    torch.abs(a)
+    torch.neg(a)
+    ran = set(torch.openreg.fallback_stats())
+    assert ran == {"aten::abs.out"}
+    assert info.classify("aten::abs.out").category == "fallback"
+    assert info.classify("aten::neg").category == "native"
+
+
+def test_op_shows_the_dispatch_table():
+    result = cli("info", "--op", "add.Tensor")
+    assert result.returncode == 0, result.stderr
+    assert "aten::add.Tensor: native" in result.stdout
+    assert "served by: structured kernel at::native::structured_ufunc_add_CPU" in result.stdout
+    assert "PrivateUse1 entry: registered at" in result.stdout
+    assert "    CPU: registered at" in result.stdout  # the table itself
+
+
+def test_op_without_overload_lists_each_overload():
+    result = cli("info", "--op", "abs", "--json")
+    assert result.returncode == 0, result.stderr
+    entries = {e["name"]: e for e in json.loads(result.stdout)}
+    assert {"aten::abs", "aten::abs.out"} <= set(entries)
+    assert entries["aten::abs.out"]["category"] == "fallback"
+    assert "PrivateUse1" in entries["aten::abs"]["dispatch_table"]
+
+
+def test_unknown_op_is_a_clean_error():
+    result = cli("info", "--op", "no_such_op")
+    assert result.returncode == 2
+    assert "no operator named 'no_such_op'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_no_command_shows_usage():
+    result = cli()
+    assert result.returncode == 2
+    assert "usage: python -m torch_openreg" in result.stderr

@@ -1,0 +1,7 @@
+"""``python -m torch_openreg info [--op NAME] [--json]``: see torch_openreg/info.py."""
+
+import sys
+
+from torch_openreg.info import main
+
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""What serves each operator on openreg: the report behind
+``python -m torch_openreg info [--op NAME] [--json]``.
+
+Each aten operator is classified by the PrivateUse1 entry of its computed
+dispatch table (``torch._C._dispatch_dump_table``), which is what the
+dispatcher will really call, and by the bindings of backend_functions.yaml
+(compiled into the extension), which say how an openreg kernel serves it:
+
+- native: an openreg kernel (hand-written, structured, or a custom operator);
+- composite: needs no openreg kernel, a CompositeImplicitAutograd or
+  CompositeExplicitAutograd kernel runs it through other operators;
+- fallback: runs on the CPU fallback;
+- blocked: in the yaml blocklist, raises NotImplementedError;
+- unsupported: nothing can run it on openreg (no CPU kernel for the fallback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from torch_openreg import _C
+
+CATEGORIES = ("native", "composite", "fallback", "blocked", "unsupported")
+
+# "PrivateUse1: registered at FILE:LINE [kernel]" in a computed dispatch table.
+_ENTRY = re.compile(r"^PrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
+_COMPOSITE_TAGS = {
+    "math kernel": "CompositeImplicitAutograd",
+    "default backend kernel": "CompositeExplicitAutograd",
+}
+
+
+@dataclass(frozen=True)
+class OperatorReport:
+    name: str  # "aten::add.Tensor"
+    category: str  # one of CATEGORIES
+    served_by: str  # how openreg runs it, in words
+    dispatch_entry: str  # the PrivateUse1 line of the dispatch table, "" if none
+
+
+def bindings() -> dict[str, tuple[str, str]]:
+    """{operator or stub: (route, serving function or blocked reason)} from the yaml."""
+    return {name: (route, detail) for name, route, detail in _C._bindings()}
+
+
+def classify(name: str, bound: dict[str, tuple[str, str]] | None = None) -> OperatorReport:
+    """How openreg serves the operator ``name`` (e.g. "aten::add.Tensor")."""
+    bound = bindings() if bound is None else bound
+    match = _ENTRY.search(torch._C._dispatch_dump_table(name))
+    entry = match.group(0).removeprefix("PrivateUse1: ") if match else ""
+    tag = (match.group("tag") or "") if match else ""
+    route, detail = bound.get(name, ("", ""))
+    if route == "blocked":
+        return OperatorReport(name, "blocked", f"blocked: {detail}", entry)
+    if route == "CPU fallback":
+        return OperatorReport(name, "fallback", "CPU fallback (fallback.ops in the yaml)", entry)
+    if route:
+        return OperatorReport(name, "native", f"{route} {detail}", entry)
+    if tag == "kernel":
+        return OperatorReport(name, "native", "a PrivateUse1 kernel registered outside backend_functions.yaml", entry)
+    if tag in _COMPOSITE_TAGS:
+        return OperatorReport(
+            name, "composite", f"{_COMPOSITE_TAGS[tag]} kernel: runs through other operators", entry
+        )
+    if tag == "backend fallback":
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+            return OperatorReport(name, "fallback", "CPU fallback", entry)
+        return OperatorReport(name, "unsupported", "CPU fallback, but the operator has no CPU kernel", entry)
+    return OperatorReport(name, "unsupported", "no PrivateUse1 kernel and no fallback", entry)
+
+
+def operators(namespace: str = "aten") -> list[str]:
+    prefix = namespace + "::"
+    return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+
+
+def _memory(index: int) -> dict[str, int]:
+    free, total = torch.openreg.mem_get_info(index)
+    return {"total": total, "free": free}
+
+
+def report() -> dict[str, Any]:
+    """Versions, devices, modes and the operator counts, as `info --json` prints them."""
+    bound = bindings()
+    aten = [classify(n, bound) for n in operators("aten")]
+    counts = {c: sum(1 for r in aten if r.category == c) for c in CATEGORIES}
+    routes: dict[str, int] = {}
+    for r in aten:
+        if r.category == "native":
+            route = bound.get(r.name, ("other", ""))[0]
+            routes[route] = routes.get(route, 0) + 1
+    return {
+        "torch_openreg": _version(),
+        "torch": torch.__version__,
+        "devices": [
+            {"index": i, "name": torch.openreg.get_device_name(i), "memory": _memory(i)}
+            for i in range(torch.openreg.device_count())
+        ],
+        "fallback_mode": torch.openreg.get_fallback_mode(),
+        "global_fallback": _C._global_fallback(),
+        "dispatch_trace": torch.openreg.is_dispatch_trace_enabled(),
+        "aten_operators": len(aten),
+        "counts": counts,
+        "native_by_route": dict(sorted(routes.items())),
+        "custom_operators": operators("openreg"),
+        "stubs": sorted(n for n, (route, _) in bound.items() if route == "stub kernel"),
+    }
+
+
+def operator_report(name: str) -> list[dict[str, Any]]:
+    """Each overload matching ``name`` ("add", "add.Tensor", "aten::add.out",
+    "openreg::add_relu"): its classification and full dispatch table."""
+    qualified = name if "::" in name else f"aten::{name}"
+    known = torch._C._dispatch_get_all_op_names()
+    if "." in qualified.split("::", 1)[1]:
+        names = [qualified] if qualified in known else []
+    else:  # every overload
+        names = sorted(n for n in known if n.split(".")[0] == qualified)
+    if not names:
+        raise LookupError(
+            f"no operator named {name!r}: give it as in 'add', 'add.Tensor' or 'aten::add.out'"
+        )
+    bound = bindings()
+    return [
+        {**asdict(classify(n, bound)), "dispatch_table": torch._C._dispatch_dump_table(n)}
+        for n in names
+    ]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch_openreg")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    print(f"torch_openreg {r['torch_openreg']} (torch {r['torch']})")
+    print(f"devices: {len(r['devices'])}")
+    for d in r["devices"]:
+        mem = d["memory"]
+        print(f"  openreg:{d['index']}  {d['name']}  memory {_gib(mem['total'])}, {_gib(mem['free'])} free")
+    print(f"fallback mode: {r['fallback_mode']} (global fallback {'on' if r['global_fallback'] else 'off'})")
+    print(f"dispatch trace: {'on' if r['dispatch_trace'] else 'off'}")
+    print(f"aten operators: {r['aten_operators']}")
+    for category in CATEGORIES:
+        print(f"  {category:<12}{r['counts'][category]:>6}")
+    for route, n in r["native_by_route"].items():
+        print(f"    {route:<24}{n:>6}")
+    print(f"custom operators: {len(r['custom_operators'])} ({', '.join(r['custom_operators'])})")
+    print(f"stubs with openreg kernels: {len(r['stubs'])}")
+
+
+def _print_operator(entries: list[dict[str, Any]]) -> None:
+    for i, e in enumerate(entries):
+        if i:
+            print()
+        print(f"{e['name']}: {e['category']}")
+        print(f"  served by: {e['served_by']}")
+        print(f"  PrivateUse1 entry: {e['dispatch_entry'] or '(none)'}")
+        print("  dispatch table:")
+        for line in e["dispatch_table"].splitlines():
+            print(f"    {line}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_openreg", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser("info", help="version, devices, memory and operator coverage")
+    info.add_argument("--op", metavar="NAME", help="show how openreg serves this operator, and its dispatch table")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+
+    if args.op is not None:
+        try:
+            data: Any = operator_report(args.op)
+        except LookupError as e:
+            parser.exit(2, f"python -m torch_openreg info: {e.args[0]}\n")
+        printer = _print_operator
+    else:
+        data = report()
+        printer = _print_report
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        printer(data)
+    return 0
