@@ -74,6 +74,12 @@ def test_nothing_is_printed_when_off(value):
     assert result.stderr == ""
 
 
+def test_an_invalid_value_gets_torchs_warning_and_no_trace():
+    result = run(SCRIPT, "yes")
+    assert "ignoring invalid value for TORCH_SHOW_DISPATCH_TRACE: yes" in result.stderr
+    assert "key=[PrivateUse1]" not in result.stderr
+
+
 def test_python_switch_traces_only_inside_the_block(capfd):
     a = torch.ones(3, device="openreg")
     capfd.readouterr()
