@@ -12,6 +12,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegStream.h"
+#include "profiler/OpenRegActivityRecorder.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace {
@@ -93,5 +94,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_sleep", &sleep_on_current_stream, "Queues a wait of `ms` milliseconds on the current stream.");
   m.def("_install_fault_handler", [] { OPENREG_CHECK(openreg::orInstallFaultHandler()); },
         "Puts openreg's device-memory fault report in front of SIGSEGV handlers installed since.");
+  m.def("_profiler_is_recording", &openreg::profiler::is_recording,
+        "Whether a profiler session has openreg's kernel or copy observers installed.");
+  m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,
+        "Device activities recorded and not yet handed to a profiler session.");
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }
