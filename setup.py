@@ -14,7 +14,7 @@ import sys
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 from setuptools import find_packages, setup  # noqa: E402
-from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GENERATED = os.path.join("build", "generated")
@@ -50,10 +50,24 @@ openmp = ["-fopenmp"]
 # registers a stub must see the same layout, or loading fails on an undefined
 # DispatchStubImpl::get_call_ptr.
 dispatch_stub_abi = ["-DHAVE_AVX2_CPU_DEFINITION", "-DHAVE_AVX512_CPU_DEFINITION"]
+
+
+def kineto_include_dir() -> str:
+    # csrc/profiler plugs into Kineto, whose headers ship with torch.
+    for path in include_paths():
+        kineto = os.path.join(path, "kineto")
+        if os.path.isfile(os.path.join(kineto, "libkineto.h")):
+            return kineto
+    raise SystemExit(
+        "torch_openreg needs Kineto's headers (torch/include/kineto/libkineto.h) for its profiler, "
+        "and this torch has none: install a torch wheel built with USE_KINETO=1 (the official ones are)."
+    )
+
+
 extension = CppExtension(
     name="torch_openreg._C",
     sources=sources(),
-    include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED)],
+    include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED), kineto_include_dir()],
     extra_compile_args={"cxx": ["-O2", *openmp, *dispatch_stub_abi]},
     extra_link_args=openmp,
 )

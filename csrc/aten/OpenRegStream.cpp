@@ -6,6 +6,7 @@
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegTrace.h"
 
 namespace openreg {
 namespace {
@@ -122,6 +123,11 @@ void join_current_stream(c10::DeviceIndex device) {
   orStream_t raw = raw_stream(stream);
   if (orStreamQuery(raw) == orError::NotReady) {
     OPENREG_CHECK(orStreamSynchronize(raw));
+  }
+  // Every kernel passes here before touching device memory, after any wait:
+  // where a profiled call's device work starts.
+  if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
+    trace::stream_joined(device);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "OpenRegTrace.h"
 
+#include <chrono>
 #include <iostream>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -9,6 +10,8 @@ namespace {
 
 std::atomic<ProfilerHook> profiler_hook{nullptr};
 thread_local int depth = 0;
+// The outermost call open on this thread while the profiler observes it.
+thread_local Call* profiled_call = nullptr;
 
 // Release wheels of torch print nothing for TORCH_SHOW_DISPATCH_TRACE=1; the
 // variable is read (and validated) by torch's own accessor.
@@ -71,6 +74,16 @@ void set_profiler_hook(ProfilerHook hook) {
   profiler_hook.store(hook);
 }
 
+void stream_joined(int device) noexcept {
+  Call* call = profiled_call;
+  if (call != nullptr && call->device_start_ns == 0) {
+    call->device = device;
+    call->device_start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+  }
+}
+
 void Scope::begin(uint32_t watching) noexcept {
   watching_ = watching;
   call_.depth = depth++;
@@ -79,6 +92,9 @@ void Scope::begin(uint32_t watching) noexcept {
     c10::dispatch_trace_nesting_incr();
   }
   if (watching & kProfile) {
+    if (profiled_call == nullptr) {
+      profiled_call = &call_;
+    }
     if (ProfilerHook hook = profiler_hook.load()) {
       hook(call_, /*begin=*/true);
     }
@@ -89,6 +105,9 @@ void Scope::end() noexcept {
   if (watching_ & kProfile) {
     if (ProfilerHook hook = profiler_hook.load()) {
       hook(call_, /*begin=*/false);
+    }
+    if (profiled_call == &call_) {
+      profiled_call = nullptr;
     }
   }
   if (watching_ & kPrint) {

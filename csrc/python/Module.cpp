@@ -14,6 +14,7 @@
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
+#include "profiler/OpenRegActivityRecorder.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace {
@@ -143,5 +144,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_dispatch_trace_enabled", [] { return openreg::trace::observed(openreg::trace::kPrint); });
   m.def("_bindings", &bindings);
   m.def("_global_fallback", &openreg::generated::global_fallback);
+  m.def("_profiler_is_recording", &openreg::profiler::is_recording,
+        "Whether a profiler session has openreg's kernel or copy observers installed.");
+  m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,
+        "Device activities recorded and not yet handed to a profiler session.");
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }

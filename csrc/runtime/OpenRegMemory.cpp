@@ -139,6 +139,11 @@ bool copy_ranges_valid(const void* dst, const void* src, size_t count, orMemcpyK
       (src_device ? live_range(src, count) : !orIsDeviceAddress(src));
 }
 
+int device_of_address(const void* addr) {
+  const Config* c = config();
+  return c == nullptr ? -1 : device_of(*c, reinterpret_cast<uintptr_t>(addr));
+}
+
 bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base, size_t* size) {
   const Config* c = config();
   const int d = c == nullptr ? -1 : device_of(*c, addr);
@@ -351,7 +356,17 @@ orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
   if (!detail::copy_ranges_valid(dst, src, count, kind)) {
     return orError::InvalidPointer;
   }
+  const orActivityCallback report = detail::activity_callback();
+  orActivityMemcpy record{};
+  if (report != nullptr) {
+    record = detail::memcpy_record(dst, src, count, kind, nullptr);
+    record.start_ns = detail::activity_now_ns();
+  }
   std::memmove(orKernelAddress(dst), orKernelAddress(src), count);
+  if (report != nullptr) {
+    record.end_ns = detail::activity_now_ns();
+    report(record);
+  }
   return orError::Success;
 }
 

@@ -118,6 +118,9 @@ orError orStreamGetDefault(orStream_t* stream, int device);
 orError orStreamCreateWithPriority(orStream_t* stream, int priority);
 orError orStreamGetDevice(orStream_t stream, int* device);
 orError orStreamGetPriority(orStream_t stream, int* priority);
+// A number unique to the stream in this process, fixed for its life (like
+// cudaStreamGetId); profilers name streams by it.
+orError orStreamGetId(orStream_t stream, uint64_t* id);
 // Success when all work queued so far has finished, NotReady otherwise.
 orError orStreamQuery(orStream_t stream);
 orError orStreamSynchronize(orStream_t stream);
@@ -136,5 +139,40 @@ orError orEventQuery(orEvent_t event);
 orError orEventSynchronize(orEvent_t event);
 // Milliseconds between two completed events recorded with timing enabled.
 orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+// -- activity records -----------------------------------------------------------
+//
+// What CUPTI's activity API is to CUDA: how a profiler learns what the device
+// did and when. The only device work the runtime itself performs is copying
+// (kernels are host code run by the layer above, which reports them itself),
+// so the records describe copies: while a callback is set, every orMemcpy and
+// orMemcpyAsync that moves bytes delivers one record once the bytes have moved,
+// on the thread that moved them (a stream worker, for asynchronous copies).
+// With no callback a copy pays one relaxed atomic load.
+//
+// Each thread has a stack of external correlation ids, as
+// cuptiActivityPushExternalCorrelationId gives CUDA: a record carries the id
+// on top of the issuing thread's stack when the copy was issued, so the
+// profiler can tie the copy to the framework call that issued it.
+
+struct orActivityMemcpy {
+  orMemcpyKind kind;
+  size_t bytes;
+  int device;              // the device side's device (the destination's when both are)
+  orStream_t stream;       // the stream it ran on; the device's default stream for orMemcpy
+  uint64_t correlation_id; // 0 when the issuing thread's stack was empty
+  int64_t start_ns;        // std::chrono::system_clock, nanoseconds since the Unix epoch
+  int64_t end_ns;
+};
+
+using orActivityCallback = void (*)(const orActivityMemcpy& record);
+// nullptr stops the records. A copy already under way may still report to the
+// callback it saw when it was issued.
+orError orActivitySetCallback(orActivityCallback callback);
+orError orActivityPushExternalCorrelationId(uint64_t id);
+// InvalidValue when this thread's stack is empty; `id` (if given) receives the popped id.
+orError orActivityPopExternalCorrelationId(uint64_t* id = nullptr);
+// The id on top of this thread's stack, 0 when it is empty.
+uint64_t orActivityGetExternalCorrelationId();
 
 } // namespace openreg

@@ -26,6 +26,9 @@ orError map_device_memory(Config& config, std::string* message);
 // the fault handler. With `try_only`, gives up instead of waiting for a lock.
 bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base, size_t* size);
 
+// Memory.cpp: the device whose region holds `addr`, or -1 (host memory).
+int device_of_address(const void* addr);
+
 // Memory.cpp: the checks of orMemcpy / orMemcpyAsync. Device sides must lie
 // inside one live allocation; host sides must not be device addresses.
 bool copy_ranges_valid(const void* dst, const void* src, size_t count, orMemcpyKind kind);
@@ -39,5 +42,14 @@ void install_fault_handler();
 
 // Stream.cpp: waits for every stream of `device`.
 void synchronize_device_streams(int device);
+
+// Activity.cpp: the callback copies report to, or nullptr (one relaxed load).
+orActivityCallback activity_callback();
+// Activity.cpp: a record of a copy about to be issued, with the issuing
+// thread's correlation id and the device side's device; the copy fills in
+// the times.
+orActivityMemcpy memcpy_record(const void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream);
+// Activity.cpp: now, on the clock of activity records.
+int64_t activity_now_ns();
 
 } // namespace openreg::detail

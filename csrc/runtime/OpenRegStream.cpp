@@ -16,10 +16,12 @@
 namespace openreg {
 
 struct orStream {
-  orStream(int device, int priority) : device(device), priority(priority) {}
+  orStream(int device, int priority) : device(device), priority(priority), id(next_id.fetch_add(1) + 1) {}
 
   const int device;
   const int priority;
+  const uint64_t id;
+  static inline std::atomic<uint64_t> next_id{0};
 
   std::mutex mutex;
   std::condition_variable work_ready;
@@ -217,6 +219,14 @@ orError orStreamGetPriority(orStream_t stream, int* priority) {
   return orError::Success;
 }
 
+orError orStreamGetId(orStream_t stream, uint64_t* id) {
+  if (stream == nullptr || id == nullptr) {
+    return orError::InvalidValue;
+  }
+  *id = stream->id;
+  return orError::Success;
+}
+
 orError orStreamQuery(orStream_t stream) {
   if (stream == nullptr) {
     return orError::InvalidValue;
@@ -260,6 +270,17 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
   }
   void* to = orKernelAddress(dst);
   const void* from = orKernelAddress(src);
+  if (orActivityCallback report = detail::activity_callback()) {
+    // The record is made now, on the issuing thread, for its correlation id;
+    // the worker times the copy when it runs.
+    stream->enqueue([to, from, count, report, record = detail::memcpy_record(dst, src, count, kind, stream)]() mutable {
+      record.start_ns = detail::activity_now_ns();
+      std::memmove(to, from, count);
+      record.end_ns = detail::activity_now_ns();
+      report(record);
+    });
+    return orError::Success;
+  }
   stream->enqueue([to, from, count] { std::memmove(to, from, count); });
   return orError::Success;
 }

@@ -35,10 +35,21 @@ orMemcpyKind memcpy_kind(const at::Tensor& src, const at::Tensor& dst) {
 // intra-op thread, and a single memcpy does not reach the memory bandwidth.
 void parallel_memcpy(void* dst, const void* src, size_t nbytes, orMemcpyKind kind) {
   constexpr int64_t kGrainBytes = 256 * 1024;
+  // The runtime tags a copy with the issuing thread's correlation id (the
+  // profiled operator's); intra-op threads carry the caller's.
+  const uint64_t correlation_id = orActivityGetExternalCorrelationId();
   at::parallel_for(0, static_cast<int64_t>(nbytes), kGrainBytes, [&](int64_t begin, int64_t end) {
-    OPENREG_CHECK(orMemcpy(
+    const bool forward = correlation_id != orActivityGetExternalCorrelationId();
+    if (forward) {
+      orActivityPushExternalCorrelationId(correlation_id);
+    }
+    const orError status = orMemcpy(
         static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
-        static_cast<size_t>(end - begin), kind));
+        static_cast<size_t>(end - begin), kind);
+    if (forward) {
+      orActivityPopExternalCorrelationId();
+    }
+    OPENREG_CHECK(status);
   });
 }
 
