@@ -117,13 +117,17 @@ void synchronize_stream(const c10::Stream& stream) {
   OPENREG_CHECK(orStreamSynchronize(raw_stream(stream)));
 }
 
-void join_current_stream(c10::DeviceIndex device) {
+void wait_current_stream(c10::DeviceIndex device) {
   const c10::StreamId id = current_ids[device];
   const c10::Stream stream = make_stream(device, id);
   orStream_t raw = raw_stream(stream);
   if (orStreamQuery(raw) == orError::NotReady) {
     OPENREG_CHECK(orStreamSynchronize(raw));
   }
+}
+
+void join_current_stream(c10::DeviceIndex device) {
+  wait_current_stream(device);
   // Every kernel passes here before touching device memory, after any wait:
   // where a profiled call's device work starts.
   if (C10_UNLIKELY(trace::observed(trace::kProfile))) {

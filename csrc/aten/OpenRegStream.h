@@ -28,4 +28,8 @@ void synchronize_stream(const c10::Stream& stream);
 // (an asynchronous copy into its input, say). One atomic load when idle.
 void join_current_stream(c10::DeviceIndex device);
 
+// The wait of join_current_stream without marking kernel work for the
+// profiler: for calls whose device work is a copy, which the runtime reports.
+void wait_current_stream(c10::DeviceIndex device);
+
 } // namespace openreg
