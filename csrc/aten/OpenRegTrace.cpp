@@ -1,15 +1,15 @@
 #include "OpenRegTrace.h"
 
-#include <chrono>
 #include <iostream>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg::trace {
 namespace {
 
 std::atomic<ProfilerHook> profiler_hook{nullptr};
-thread_local int depth = 0;
 // The outermost call open on this thread while the profiler observes it.
 thread_local Call* profiled_call = nullptr;
 
@@ -78,15 +78,12 @@ void stream_joined(int device) noexcept {
   Call* call = profiled_call;
   if (call != nullptr && call->device_start_ns == 0) {
     call->device = device;
-    call->device_start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count();
+    call->device_start_ns = orActivityGetTimestamp();
   }
 }
 
 void Scope::begin(uint32_t watching) noexcept {
   watching_ = watching;
-  call_.depth = depth++;
   if (watching & kPrint) {
     print(call_);
     c10::dispatch_trace_nesting_incr();
@@ -113,7 +110,6 @@ void Scope::end() noexcept {
   if (watching_ & kPrint) {
     c10::dispatch_trace_nesting_decr();
   }
-  --depth;
 }
 
 } // namespace openreg::trace

@@ -48,15 +48,13 @@ struct Call {
   const c10::OperatorName* op_name = nullptr; // instead of `op` (the fallback)
   Route route = Route::Kernel;
   const char* kernel = nullptr; // the function that serves it, if any
-  int depth = 0; // enclosing openreg calls on this thread
   // While the profiler observes, the outermost call on a thread learns when
   // its device work began: the first time it (or a call inside it) joins a
   // device's current stream to touch that device's memory (stream_joined).
   // Calls that touch no device memory (allocation, views, metadata, blocked
   // operators) keep -1 / 0.
   int device = -1;
-  int64_t device_start_ns = 0; // std::chrono::system_clock, ns since the Unix epoch
-  int64_t start_ns = 0; // for the profiler hook's use
+  int64_t device_start_ns = 0; // orActivityGetTimestamp's clock
 };
 
 // The name `[call] op=[...]` shows.

@@ -1,6 +1,5 @@
 #include "OpenRegActivityRecorder.h"
 
-#include <chrono>
 #include <mutex>
 
 #include <c10/util/Exception.h>
@@ -20,12 +19,6 @@ struct Recorder {
 Recorder& recorder() {
   static auto* r = new Recorder(); // leaked: stream workers may report during static dtors
   return *r;
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 uint64_t stream_id(orStream_t stream) {
@@ -53,7 +46,7 @@ void on_call(trace::Call& call, bool begin) noexcept {
   try {
     Activity a;
     a.kind = Activity::Kind::Kernel;
-    a.end_ns = now_ns();
+    a.end_ns = orActivityGetTimestamp();
     a.start_ns = call.device_start_ns;
     a.name = trace::call_name(call);
     a.route = trace::route_name(call.route);

@@ -32,7 +32,7 @@ struct Activity {
   int device = 0;
   uint64_t stream = 0; // orStreamGetId
   uint64_t correlation_id = 0; // 0: issued outside any profiled call
-  int64_t start_ns = 0; // system_clock, nanoseconds since the Unix epoch
+  int64_t start_ns = 0; // orActivityGetTimestamp: nanoseconds since the Unix epoch
   int64_t end_ns = 0;
   size_t bytes = 0; // Memcpy
   orMemcpyKind copy_kind = orMemcpyKind::HostToDevice; // Memcpy

@@ -21,12 +21,6 @@ orActivityCallback activity_callback() {
   return callback.load(std::memory_order_relaxed);
 }
 
-int64_t activity_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 orActivityMemcpy memcpy_record(const void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream) {
   int device = device_of_address(dst);
   if (device < 0) {
@@ -70,6 +64,12 @@ orError orActivityPopExternalCorrelationId(uint64_t* id) {
   }
   correlation_stack.pop_back();
   return orError::Success;
+}
+
+int64_t orActivityGetTimestamp() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 uint64_t orActivityGetExternalCorrelationId() {

@@ -129,14 +129,21 @@ orError map_device_memory(Config& config, std::string* message) {
   return orError::Success;
 }
 
-bool copy_ranges_valid(const void* dst, const void* src, size_t count, orMemcpyKind kind) {
+orError check_copy(const void* dst, const void* src, size_t count, orMemcpyKind kind) {
+  if (count == 0) {
+    return orError::Success;
+  }
+  if (dst == nullptr || src == nullptr) {
+    return orError::InvalidValue;
+  }
   // Like cudaMemcpy with an explicit kind: the device side of the copy must be
   // a live device range, which catches stale pointers and overruns early; the
   // host side must not be a device address.
   const bool dst_device = kind == orMemcpyKind::HostToDevice || kind == orMemcpyKind::DeviceToDevice;
   const bool src_device = kind == orMemcpyKind::DeviceToHost || kind == orMemcpyKind::DeviceToDevice;
-  return (dst_device ? live_range(dst, count) : !orIsDeviceAddress(dst)) &&
+  const bool valid = (dst_device ? live_range(dst, count) : !orIsDeviceAddress(dst)) &&
       (src_device ? live_range(src, count) : !orIsDeviceAddress(src));
+  return valid ? orError::Success : orError::InvalidPointer;
 }
 
 int device_of_address(const void* addr) {
@@ -347,24 +354,18 @@ orError orPointerGetAttributes(orPointerAttributes* attributes, const void* ptr)
 }
 
 orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
-  if (count == 0) {
-    return orError::Success;
-  }
-  if (dst == nullptr || src == nullptr) {
-    return orError::InvalidValue;
-  }
-  if (!detail::copy_ranges_valid(dst, src, count, kind)) {
-    return orError::InvalidPointer;
+  if (const orError err = detail::check_copy(dst, src, count, kind); err != orError::Success || count == 0) {
+    return err;
   }
   const orActivityCallback report = detail::activity_callback();
   orActivityMemcpy record{};
   if (report != nullptr) {
     record = detail::memcpy_record(dst, src, count, kind, nullptr);
-    record.start_ns = detail::activity_now_ns();
+    record.start_ns = orActivityGetTimestamp();
   }
   std::memmove(orKernelAddress(dst), orKernelAddress(src), count);
   if (report != nullptr) {
-    record.end_ns = detail::activity_now_ns();
+    record.end_ns = orActivityGetTimestamp();
     report(record);
   }
   return orError::Success;

@@ -174,5 +174,9 @@ orError orActivityPushExternalCorrelationId(uint64_t id);
 orError orActivityPopExternalCorrelationId(uint64_t* id = nullptr);
 // The id on top of this thread's stack, 0 when it is empty.
 uint64_t orActivityGetExternalCorrelationId();
+// Now, on the clock of activity records (nanoseconds since the Unix epoch,
+// std::chrono::system_clock), like cuptiGetTimestamp; layers above time the
+// work they report with it.
+int64_t orActivityGetTimestamp();
 
 } // namespace openreg

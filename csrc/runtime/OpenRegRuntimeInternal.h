@@ -29,9 +29,11 @@ bool find_allocation(uintptr_t addr, bool try_only, int* device, uintptr_t* base
 // Memory.cpp: the device whose region holds `addr`, or -1 (host memory).
 int device_of_address(const void* addr);
 
-// Memory.cpp: the checks of orMemcpy / orMemcpyAsync. Device sides must lie
-// inside one live allocation; host sides must not be device addresses.
-bool copy_ranges_valid(const void* dst, const void* src, size_t count, orMemcpyKind kind);
+// Memory.cpp: the argument checks of orMemcpy / orMemcpyAsync. Success when
+// count is 0 (nothing to check); InvalidValue for a null pointer;
+// InvalidPointer unless device sides lie inside one live allocation and host
+// sides are not device addresses.
+orError check_copy(const void* dst, const void* src, size_t count, orMemcpyKind kind);
 
 // Device.cpp: InvalidDevice unless 0 <= device < device count (initialising
 // the runtime if needed).
@@ -49,7 +51,5 @@ orActivityCallback activity_callback();
 // thread's correlation id and the device side's device; the copy fills in
 // the times.
 orActivityMemcpy memcpy_record(const void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream);
-// Activity.cpp: now, on the clock of activity records.
-int64_t activity_now_ns();
 
 } // namespace openreg::detail

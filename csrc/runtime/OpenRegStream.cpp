@@ -258,15 +258,9 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
   if (stream == nullptr) {
     return orError::InvalidValue;
   }
-  if (count == 0) {
-    return orError::Success;
-  }
-  if (dst == nullptr || src == nullptr) {
-    return orError::InvalidValue;
-  }
   // Validate now, so the caller gets the error; copy later, on the worker.
-  if (!detail::copy_ranges_valid(dst, src, count, kind)) {
-    return orError::InvalidPointer;
+  if (const orError err = detail::check_copy(dst, src, count, kind); err != orError::Success || count == 0) {
+    return err;
   }
   void* to = orKernelAddress(dst);
   const void* from = orKernelAddress(src);
@@ -274,9 +268,9 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
     // The record is made now, on the issuing thread, for its correlation id;
     // the worker times the copy when it runs.
     stream->enqueue([to, from, count, report, record = detail::memcpy_record(dst, src, count, kind, stream)]() mutable {
-      record.start_ns = detail::activity_now_ns();
+      record.start_ns = orActivityGetTimestamp();
       std::memmove(to, from, count);
-      record.end_ns = detail::activity_now_ns();
+      record.end_ns = orActivityGetTimestamp();
       report(record);
     });
     return orError::Success;
