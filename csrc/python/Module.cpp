@@ -4,6 +4,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
+#include "aten/OpenRegHostAlias.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
@@ -97,6 +99,35 @@ std::vector<std::tuple<std::string, std::string, std::string>> bindings() {
   return rows;
 }
 
+// CPU tensors over the same bytes as openreg tensors, for host code that
+// works on device memory in place: the distributed backend hands them to gloo
+// and compiled (Inductor) kernels read and write through them. Each device's
+// current stream is joined first, so work queued before is complete and
+// what the caller does next is ordered like a kernel on that stream. Other
+// arguments (CPU tensors, numbers) pass through unchanged.
+py::list host_aliases(const py::sequence& args) {
+  py::list out;
+  std::vector<c10::DeviceIndex> joined;
+  for (py::handle arg : args) {
+    if (!THPVariable_Check(arg.ptr())) {
+      out.append(arg);
+      continue;
+    }
+    const at::Tensor& t = THPVariable_Unpack(arg.ptr());
+    if (!t.defined() || !t.is_privateuseone()) {
+      out.append(arg);
+      continue;
+    }
+    const c10::DeviceIndex device = t.device().index();
+    if (std::find(joined.begin(), joined.end(), device) == joined.end()) {
+      openreg::join_current_stream(device);
+      joined.push_back(device);
+    }
+    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::host_alias(t))));
+  }
+  return out;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -148,5 +179,12 @@ PYBIND11_MODULE(_C, m) {
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,
         "Device activities recorded and not yet handed to a profiler session.");
+  m.def("_host_aliases", &host_aliases,
+        "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
+  m.def("_host_alias", [](const at::Tensor& t) {
+    TORCH_CHECK_VALUE(t.is_privateuseone(), "_host_alias expects an openreg tensor, got one on ", t.device());
+    openreg::join_current_stream(t.device().index());
+    return openreg::host_alias(t);
+  }, "A CPU tensor over the same memory as the openreg tensor `t` (after joining its stream).");
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }
