@@ -154,3 +154,10 @@ __all__ += ["amp", "get_amp_supported_dtype", "is_bf16_supported"]
 __all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all__
 
 diagnostics._apply_environment()
+
+if torch.distributed.is_available():
+    # init_process_group() picks openreg_gloo for openreg tensors (docs/distributed.md).
+    from torch_openreg.openreg import distributed  # noqa: E402
+
+    distributed._register_backend()
+    __all__ += ["distributed"]

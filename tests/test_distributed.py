@@ -1,0 +1,641 @@
+"""torch.distributed on openreg tensors: the openreg_gloo backend (torch's gloo reading and
+writing device memory through host aliases), DistributedDataParallel against one process
+on the whole batch, and the torchrun example.
+
+The checks marked @on_every_rank run in two processes that this module launches once,
+on loopback (a FileStore in a temporary directory, gloo's TCP on 127.0.0.1): each
+process runs every check in order and records "ok" or the error, and
+test_on_two_ranks[<check>] asserts that the check passed on both ranks. Every launch
+(the two ranks, torchrun) has a hard timeout after which its processes are killed, and
+test_launches_leave_no_process_behind asserts that none outlives its launch.
+
+Children write what they report to files, never to stdout: with
+TORCH_SHOW_DISPATCH_TRACE=1 their stdout is full of trace lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parent.parent
+WORLD = 2
+LAUNCH_TIMEOUT = 120  # seconds for a whole launch; it normally takes 10-20
+PG_TIMEOUT = datetime.timedelta(seconds=30)  # a collective a peer never joins fails after this
+
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds leftover processes in /proc"),
+]
+
+
+# --- what runs in each of the two processes -------------------------------------------------
+
+
+@dataclass
+class Rank:
+    rank: int
+    world: int
+    device: torch.device
+    directory: Path
+    _groups: int = 0
+
+    def init_method(self) -> str:
+        """A fresh rendezvous file; every rank asks in the same order, so they agree."""
+        self._groups += 1
+        return f"file://{self.directory / f'store{self._groups}'}"
+
+    def init(self, backend: str | None = None, **kwargs) -> None:
+        dist.init_process_group(
+            backend, init_method=self.init_method(), rank=self.rank, world_size=self.world,
+            timeout=PG_TIMEOUT, **kwargs,
+        )
+
+
+CHECKS: dict[str, Callable[[Rank], None]] = {}  # in group with the default group set up
+INIT_CHECKS: dict[str, Callable[[Rank], None]] = {}  # set up (and destroy) their own group
+
+
+def on_every_rank(check):
+    CHECKS[check.__name__] = check
+    return check
+
+
+def on_every_rank_with_its_own_group(check):
+    INIT_CHECKS[check.__name__] = check
+    return check
+
+
+def per_rank(r: Rank, *shape, dtype=torch.float32) -> torch.Tensor:
+    """Values that differ by rank: rank r holds (r + 1) * [1, 2, 3, ...]."""
+    n = 1
+    for s in shape:
+        n *= s
+    return ((torch.arange(n, dtype=torch.float64) + 1) * (r.rank + 1)).reshape(shape).to(dtype)
+
+
+def every_ranks(*shape, dtype=torch.float32) -> list[torch.Tensor]:
+    """What per_rank gives on each rank, on the CPU: the oracle."""
+    return [per_rank(Rank(i, WORLD, torch.device("cpu"), Path()), *shape, dtype=dtype) for i in range(WORLD)]
+
+
+def assert_same(actual: torch.Tensor, expected: torch.Tensor, device: torch.device) -> None:
+    assert actual.device == device, f"result on {actual.device}, expected on {device}"
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+
+
+@on_every_rank
+def default_group_is_openreg_gloo(r: Rank):
+    from torch_openreg.openreg.distributed import ProcessGroupOpenRegGloo
+
+    assert type(dist.group.WORLD) is ProcessGroupOpenRegGloo
+    assert dist.group.WORLD.name() == "openreg_gloo"
+    assert dist.get_default_backend_for_device("openreg") == "openreg_gloo"
+
+
+@on_every_rank
+def all_reduce_sums_in_place_on_the_device(r: Rank):
+    t = per_rank(r, 5).to(r.device)
+    storage = t.untyped_storage().data_ptr()
+    dist.all_reduce(t)
+    assert t.untyped_storage().data_ptr() == storage
+    assert_same(t, sum(every_ranks(5)), r.device)
+
+
+@on_every_rank
+def all_reduce_supports_every_reduce_op(r: Rank):
+    ops = {
+        dist.ReduceOp.SUM: lambda a, b: a + b,
+        dist.ReduceOp.AVG: lambda a, b: (a + b) / 2,
+        dist.ReduceOp.PRODUCT: lambda a, b: a * b,
+        dist.ReduceOp.MIN: torch.minimum,
+        dist.ReduceOp.MAX: torch.maximum,
+    }
+    for op, combine in ops.items():
+        t = per_rank(r, 4).to(r.device)
+        dist.all_reduce(t, op=op)
+        assert_same(t, combine(*every_ranks(4)), r.device)
+    bitwise = {dist.ReduceOp.BAND: torch.bitwise_and, dist.ReduceOp.BOR: torch.bitwise_or,
+               dist.ReduceOp.BXOR: torch.bitwise_xor}
+    for op, combine in bitwise.items():
+        t = per_rank(r, 4, dtype=torch.int32).to(r.device)
+        dist.all_reduce(t, op=op)
+        assert_same(t, combine(*every_ranks(4, dtype=torch.int32)), r.device)
+
+
+@on_every_rank
+def all_reduce_keeps_the_dtype(r: Rank):
+    for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8):
+        t = per_rank(r, 3, dtype=dtype).to(r.device)
+        dist.all_reduce(t)
+        assert t.dtype == dtype
+        assert_same(t, sum(every_ranks(3, dtype=dtype)), r.device)
+
+
+@on_every_rank
+def broadcast_copies_the_source_ranks_tensor(r: Rank):
+    for src in range(WORLD):
+        t = per_rank(r, 2, 3).to(r.device)
+        dist.broadcast(t, src=src)
+        assert_same(t, every_ranks(2, 3)[src], r.device)
+
+
+@on_every_rank
+def all_gather_fills_one_tensor_per_rank(r: Rank):
+    out = [torch.zeros(4, device=r.device) for _ in range(WORLD)]
+    dist.all_gather(out, per_rank(r, 4).to(r.device))
+    for got, expected in zip(out, every_ranks(4)):
+        assert_same(got, expected, r.device)
+
+
+@on_every_rank
+def all_gather_into_tensor_concatenates_the_ranks(r: Rank):
+    out = torch.zeros(WORLD * 4, device=r.device)
+    dist.all_gather_into_tensor(out, per_rank(r, 4).to(r.device))
+    assert_same(out, torch.cat(every_ranks(4)), r.device)
+
+
+@on_every_rank
+def reduce_scatter_gives_each_rank_its_reduced_chunk(r: Rank):
+    out = torch.zeros(3, device=r.device)
+    dist.reduce_scatter(out, list(per_rank(r, WORLD * 3).to(r.device).chunk(WORLD)))
+    assert_same(out, sum(every_ranks(WORLD * 3)).chunk(WORLD)[r.rank], r.device)
+
+
+@on_every_rank
+def reduce_scatter_tensor_gives_each_rank_its_reduced_chunk(r: Rank):
+    out = torch.zeros(3, device=r.device)
+    dist.reduce_scatter_tensor(out, per_rank(r, WORLD * 3).to(r.device))
+    assert_same(out, sum(every_ranks(WORLD * 3)).chunk(WORLD)[r.rank], r.device)
+
+
+@on_every_rank
+def reduce_gather_scatter_and_all_to_all_work_too(r: Rank):
+    t = per_rank(r, 4).to(r.device)
+    dist.reduce(t, dst=0)
+    if r.rank == 0:
+        assert_same(t, sum(every_ranks(4)), r.device)
+    gathered = [torch.zeros(4, device=r.device) for _ in range(WORLD)] if r.rank == 1 else None
+    dist.gather(per_rank(r, 4).to(r.device), gathered, dst=1)
+    if r.rank == 1:
+        for got, expected in zip(gathered, every_ranks(4)):
+            assert_same(got, expected, r.device)
+    out = torch.zeros(2, device=r.device)
+    dist.scatter(out, list(per_rank(r, 2 * WORLD).to(r.device).chunk(WORLD)) if r.rank == 0 else None, src=0)
+    assert_same(out, every_ranks(2 * WORLD)[0].chunk(WORLD)[r.rank], r.device)
+    out = torch.zeros(2 * WORLD, device=r.device)
+    dist.all_to_all_single(out, per_rank(r, 2 * WORLD).to(r.device))
+    assert_same(out, torch.cat([t.chunk(WORLD)[r.rank] for t in every_ranks(2 * WORLD)]), r.device)
+
+
+@on_every_rank
+def barrier_returns_only_once_every_rank_has_arrived(r: Rank):
+    store = dist.distributed_c10d._get_default_store()
+    if r.rank == 1:
+        time.sleep(0.3)
+        store.set("rank 1 reached the barrier", "yes")
+    dist.barrier()
+    assert store.check(["rank 1 reached the barrier"])
+
+
+@on_every_rank
+def send_and_recv_move_a_tensor_between_ranks(r: Rank):
+    peer = 1 - r.rank
+    for sender in range(WORLD):
+        t = per_rank(r, 6).to(r.device)
+        if r.rank == sender:
+            dist.send(t, dst=peer)
+        else:
+            dist.recv(t, src=peer)
+        assert_same(t, every_ranks(6)[sender], r.device)
+    out = torch.zeros(6, device=r.device)
+    works = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, per_rank(r, 6).to(r.device), peer),
+        dist.P2POp(dist.irecv, out, peer),
+    ])
+    for work in works:
+        work.wait()
+    assert_same(out, every_ranks(6)[peer], r.device)
+
+
+def strided_column_case(r: Rank, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 4x4 tensor per rank and its column 1: a view gloo alone would get wrong."""
+    base = per_rank(r, 4, 4).to(device)
+    return base, base[:, 1]
+
+
+@on_every_rank
+def non_contiguous_tensors_are_written_through_their_strides(r: Rank):
+    for device in (r.device, torch.device("cpu")):  # the CPU tensors of this group too
+        base = per_rank(r, 3, 4).to(device)
+        dist.all_reduce(base.t())  # transposed: dense, but not contiguous
+        assert_same(base, sum(every_ranks(3, 4)), device)
+
+        base, column = strided_column_case(r, device)
+        dist.broadcast(column, src=1)
+        expected = every_ranks(4, 4)[r.rank].clone()
+        expected[:, 1] = every_ranks(4, 4)[1][:, 1]
+        assert_same(base, expected, device)  # the other columns are untouched
+
+        base, column = strided_column_case(r, device)
+        dist.all_reduce(column)
+        expected = every_ranks(4, 4)[r.rank].clone()
+        expected[:, 1] = sum(every_ranks(4, 4))[:, 1]
+        assert_same(base, expected, device)
+
+        out = torch.zeros(4, WORLD, device=device)
+        dist.all_gather([out[:, i] for i in range(WORLD)], strided_column_case(r, device)[1])
+        assert_same(out, torch.stack([t[:, 1] for t in every_ranks(4, 4)], dim=1), device)
+
+        base, column = strided_column_case(r, device)
+        if r.rank == 0:
+            dist.send(column, dst=1)
+        else:
+            dist.recv(column, src=0)
+        expected = every_ranks(4, 4)[r.rank].clone()
+        expected[:, 1] = every_ranks(4, 4)[0][:, 1]
+        assert_same(base, expected, device)
+
+
+@on_every_rank
+def async_work_results_are_visible_to_kernels_after_wait(r: Rank):
+    t = per_rank(r, 1000).to(r.device)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert_same(t * 2, 2 * sum(every_ranks(1000)), r.device)
+    (value,) = work.get_future().value()  # the openreg tensor itself, as DDP needs
+    assert value.device == r.device and value.data_ptr() == t.data_ptr()
+
+
+@on_every_rank
+def collectives_wait_for_work_queued_on_the_current_stream(r: Rank):
+    # The copy runs on the stream's worker after 200 ms; gloo must read its result.
+    src = per_rank(r, 64).to(r.device)
+    t = torch.zeros(64, device=r.device)
+    torch.openreg._sleep(200)
+    t.copy_(src, non_blocking=True)
+    dist.all_reduce(t)
+    assert_same(t, sum(every_ranks(64)), r.device)
+
+
+@on_every_rank
+def cpu_tensors_work_on_the_same_group(r: Rank):
+    t = per_rank(r, 3)
+    dist.all_reduce(t)
+    assert_same(t, sum(every_ranks(3)), torch.device("cpu"))
+    objects = [None] * WORLD
+    dist.all_gather_object(objects, {"rank": r.rank})
+    assert objects == [{"rank": i} for i in range(WORLD)]
+
+
+@on_every_rank
+def mixing_openreg_and_cpu_tensors_in_one_call_is_refused(r: Rank):
+    out = [torch.zeros(2) for _ in range(WORLD)]
+    try:
+        dist.all_gather(out, torch.ones(2, device=r.device))
+    except ValueError as e:
+        assert "all tensors of one call must be on one device, got tensors on cpu, openreg:" in str(e)
+    else:
+        raise AssertionError("all_gather into CPU tensors from an openreg tensor did not raise")
+
+
+@on_every_rank
+def new_groups_use_openreg_gloo_too(r: Rank):
+    group = dist.new_group(list(range(WORLD)))
+    t = per_rank(r, 2).to(r.device)
+    dist.all_reduce(t, group=group)
+    assert_same(t, sum(every_ranks(2)), r.device)
+    dist.destroy_process_group(group)
+
+
+def train(r: Rank, ddp_kwargs: dict, steps: int = 5) -> list[torch.Tensor]:
+    """DDP on openreg, each rank on its half of every batch; returns the final weights."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+    reference = [p.detach().clone() for p in model.parameters()]
+    if r.rank == 1:  # DDP starts every rank from rank 0's weights
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    ddp = DDP(model.to(r.device), **ddp_kwargs)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.5)
+    batches = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 6, generator=batches), torch.randn(8, 3, generator=batches)
+        x, y = x.chunk(WORLD)[r.rank].to(r.device), y.chunk(WORLD)[r.rank].to(r.device)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+    weights = [p.detach().cpu() for p in ddp.module.parameters()]
+    assert not all(torch.equal(a, b) for a, b in zip(weights, reference)), "training changed nothing"
+    return weights
+
+
+def one_process_on_the_whole_batch(steps: int = 5) -> list[torch.Tensor]:
+    """The oracle: the same training on the CPU, one process, full batches, mean loss."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    batches = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 6, generator=batches), torch.randn(8, 3, generator=batches)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def assert_ddp_matches_one_process(r: Rank, weights: list[torch.Tensor]) -> None:
+    everyone = [None] * WORLD
+    dist.all_gather_object(everyone, weights)
+    for other in everyone:
+        for a, b in zip(other, weights):
+            assert torch.equal(a, b), "ranks ended with different weights"
+    for a, b in zip(weights, one_process_on_the_whole_batch()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@on_every_rank
+def ddp_with_device_ids_matches_one_process_on_the_whole_batch(r: Rank):
+    assert_ddp_matches_one_process(r, train(r, {"device_ids": [r.rank]}))
+
+
+@on_every_rank
+def ddp_without_device_ids_matches_one_process_on_the_whole_batch(r: Rank):
+    assert_ddp_matches_one_process(r, train(r, {}))
+
+
+@on_every_rank
+def ddp_with_gradients_as_bucket_views_matches_one_process(r: Rank):
+    assert_ddp_matches_one_process(r, train(r, {"device_ids": [r.rank], "gradient_as_bucket_view": True}))
+
+
+def assert_group_serves_openreg_and_cpu(r: Rank) -> None:
+    for device in (r.device, torch.device("cpu")):
+        t = per_rank(r, 3).to(device)
+        dist.all_reduce(t)
+        assert_same(t, sum(every_ranks(3)), device)
+
+
+@on_every_rank_with_its_own_group
+def init_with_cpu_gloo_and_openreg_openreg_gloo(r: Rank):
+    r.init("cpu:gloo,openreg:openreg_gloo")
+    try:
+        assert_group_serves_openreg_and_cpu(r)
+    finally:
+        dist.destroy_process_group()
+
+
+@on_every_rank_with_its_own_group
+def init_with_the_backend_name(r: Rank):
+    r.init("openreg_gloo")
+    try:
+        assert_group_serves_openreg_and_cpu(r)
+    finally:
+        dist.destroy_process_group()
+
+
+@on_every_rank_with_its_own_group
+def init_with_an_openreg_device_id(r: Rank):
+    r.init(device_id=r.device)
+    try:
+        assert dist.group.WORLD.name() == "openreg_gloo"
+        assert_group_serves_openreg_and_cpu(r)
+    finally:
+        dist.destroy_process_group()
+
+
+@on_every_rank_with_its_own_group
+def destroy_process_group_waits_until_gloo_let_go_of_every_host_alias(r: Rank):
+    # Gloo's thread must not be the one to free an alias's Python object: at exit that
+    # aborts the process (docs/distributed.md, "Exit").
+    r.init()
+    group = dist.group.WORLD
+    t = per_rank(r, 1000).to(r.device)
+    works = [dist.all_reduce(t, async_op=True) for _ in range(3)]
+    for work in works:
+        work.wait()
+    del works
+    dist.destroy_process_group()
+    assert group._in_flight == []
+
+
+def worker(rank: int, directory: Path) -> None:
+    """One rank: every check in order; results go to rank<N>.json after each one."""
+    import torch_openreg
+
+    results = {"torch_openreg": torch_openreg.__file__}
+    out = directory / f"rank{rank}.json"
+    r = Rank(rank, WORLD, torch.device("openreg", rank), directory)
+    torch.openreg.set_device(r.device)
+
+    def run(name, check):
+        try:
+            check(r)
+            results[name] = "ok"
+        except BaseException as e:  # report everything; the parent decides
+            results[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        out.write_text(json.dumps(results))
+
+    r.init()  # no backend: torch picks openreg's default
+    for name, check in CHECKS.items():
+        run(name, check)
+    dist.destroy_process_group()
+    for name, check in INIT_CHECKS.items():
+        run(name, check)
+    results["done"] = "ok"
+    out.write_text(json.dumps(results))
+
+
+# --- launching, from the test process -------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    returncodes: list[int | None]
+    timed_out: bool
+    leftovers: list[int]
+    logs: str
+
+
+def _processes_with(token: str) -> list[int]:
+    """The processes that inherited the environment variable marking one launch."""
+    needle = f"OPENREG_TEST_LAUNCH={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
+                pass
+    return found
+
+
+def launch(commands: list[list[str]], directory: Path) -> Launch:
+    """Runs the commands side by side, bounded by LAUNCH_TIMEOUT; kills them (and
+    anything they started, found by an environment variable only they carry) when it
+    runs out. Their output goes to files in ``directory``."""
+    token = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               OPENREG_TEST_LAUNCH=token)
+    logs = [directory / f"process{i}.log" for i in range(len(commands))]
+    processes = []
+    for command, log in zip(commands, logs):
+        with open(log, "wb") as f:
+            processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL))
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    timed_out = False
+    for p in processes:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+    if timed_out:
+        for pid in _processes_with(token):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in processes:
+            p.wait()
+    # Grandchildren (torchrun's workers) may still be exiting: give them a moment.
+    leftovers = _processes_with(token)
+    for _ in range(50):
+        if not leftovers:
+            break
+        time.sleep(0.1)
+        leftovers = _processes_with(token)
+    text = "\n".join(f"--- {log.name}\n{_tail(log)}" for log in logs)
+    return Launch([p.returncode for p in processes], timed_out, leftovers, text)
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    """The end of a child's log, without the dispatch trace's lines."""
+    kept = [line for line in path.read_text(errors="replace").splitlines() if not line.lstrip().startswith("[")]
+    return "\n".join(kept[-lines:])
+
+
+LAUNCHES: list[Launch] = []
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[list[dict], Launch]:
+    directory = tmp_path_factory.mktemp("ranks")
+    result = launch(
+        [[sys.executable, str(Path(__file__)), "--rank", str(rank), "--directory", str(directory)]
+         for rank in range(WORLD)],
+        directory,
+    )
+    LAUNCHES.append(result)
+    reports = []
+    for rank in range(WORLD):
+        path = directory / f"rank{rank}.json"
+        reports.append(json.loads(path.read_text()) if path.exists() else {})
+    return reports, result
+
+
+@pytest.mark.parametrize("check", list(CHECKS) + list(INIT_CHECKS))
+def test_on_two_ranks(two_ranks, check):
+    reports, result = two_ranks
+    for rank, report in enumerate(reports):
+        outcome = report.get(check, "did not run")
+        assert outcome == "ok", (
+            f"rank {rank}: {check}: {outcome}\n(timed out: {result.timed_out}, exit codes: "
+            f"{result.returncodes})\n{result.logs}"
+        )
+
+
+def test_ranks_import_this_worktrees_torch_openreg_and_finish(two_ranks):
+    import torch_openreg
+
+    reports, result = two_ranks
+    assert not result.timed_out, result.logs
+    assert result.returncodes == [0] * WORLD, result.logs
+    for report in reports:
+        assert report.get("torch_openreg") == torch_openreg.__file__
+        assert report.get("done") == "ok", result.logs
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("ddp_train", REPO / "examples" / "ddp_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torchrun_example_matches_one_process_on_the_whole_batch(tmp_path):
+    steps = 5
+    checkpoint = tmp_path / "final.pt"
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` script, this Python
+    result = launch(
+        [torchrun + ["--standalone", "--nproc-per-node", str(WORLD), "examples/ddp_train.py",
+                     "--steps", str(steps), "--save", str(checkpoint)]],
+        tmp_path,
+    )
+    LAUNCHES.append(result)
+    assert not result.timed_out and result.returncodes == [0], result.logs
+    trained = torch.load(checkpoint)
+
+    example = load_example()
+    model = example.make_model()
+    optimizer = example.make_optimizer(model.parameters())
+    for x, y in example.make_batches(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    for name, value in model.state_dict().items():
+        assert trained[name].device.type == "cpu"
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_launches_leave_no_process_behind(two_ranks):
+    # Runs last in this file (pytest keeps definition order): every launch above is done.
+    assert LAUNCHES
+    for result in LAUNCHES:
+        assert result.leftovers == [], f"processes left running: {result.leftovers}"
+
+
+# --- in this process ----------------------------------------------------------------------
+
+
+def test_openreg_gloo_is_the_default_backend_for_openreg_only():
+    assert dist.Backend.default_device_backend_map["openreg"] == "openreg_gloo"
+    assert dist.Backend.default_device_backend_map["cpu"] == "gloo"
+    assert dist.Backend.OPENREG_GLOO == "openreg_gloo"
+    assert set(dist.Backend.backend_capability["openreg_gloo"]) == {"openreg", "cpu"}
+
+
+def test_pg_options_must_be_gloos():
+    from torch_openreg.openreg.distributed import ProcessGroupOpenRegGloo
+
+    with pytest.raises(TypeError, match=r"takes ProcessGroupGloo options .* got str"):
+        ProcessGroupOpenRegGloo(dist.HashStore(), 0, 1, options="fast")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="one rank of tests/test_distributed.py")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--directory", type=Path, required=True)
+    arguments = parser.parse_args()
+    worker(arguments.rank, arguments.directory)

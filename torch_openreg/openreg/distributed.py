@@ -1,0 +1,365 @@
+"""torch.distributed on openreg tensors: a c10d process group over torch's own gloo.
+
+``import torch_openreg`` registers the backend ``"openreg_gloo"`` for the device type
+``openreg`` (``Backend.register_backend``), so that
+
+- ``dist.init_process_group()`` (no backend; torch picks the accelerator's default,
+  ``Backend.default_device_backend_map["openreg"]``),
+- ``dist.init_process_group("openreg_gloo")``,
+- ``dist.init_process_group("cpu:gloo,openreg:openreg_gloo")``, and
+- ``dist.init_process_group(device_id=torch.device("openreg", rank))``
+
+all give a group whose collectives take openreg tensors (and CPU tensors).
+
+How: the group owns a ``ProcessGroupGloo`` built on the store, rank and size c10d hands
+the backend creator, and forwards every collective to it with each openreg tensor
+replaced by its *host alias* (``_C._host_aliases``: a CPU tensor over the same bytes, after
+joining the current stream of its device). Gloo therefore reads and writes device memory
+in place, with its own transport (TCP on loopback or the interface gloo picks): no
+staging copies and no home-made transport. docs/distributed.md gives the reasoning.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+from torch_openreg import _C
+
+__all__ = ["BACKEND_NAME", "ProcessGroupOpenRegGloo"]
+
+# Named like the engine it is (gloo) and the device it adapts it to: a name of its own
+# ("orccl") would suggest a collective library of openreg's, which there is not.
+BACKEND_NAME = "openreg_gloo"
+
+
+def _flatten(items: Any) -> list[torch.Tensor]:
+    """The tensors in a tensor, or a list (of lists) of tensors, in order."""
+    if isinstance(items, torch.Tensor):
+        return [items]
+    return [t for item in items for t in _flatten(item)]
+
+
+def _replaced(items: Any, replacement: dict[int, torch.Tensor]) -> Any:
+    """``items`` with the same nesting, each tensor replaced by what gloo gets instead
+    (its host alias, or a contiguous copy's)."""
+    if isinstance(items, torch.Tensor):
+        return replacement.get(id(items), items)
+    return [_replaced(item, replacement) for item in items]
+
+
+def _check_one_device(op: str, tensors: list[torch.Tensor]) -> None:
+    """One collective call works on one device, as ProcessGroupNCCL requires of a rank's
+    tensors. Gloo would take a CPU tensor next to a host alias without a word and mix
+    host and device memory in one call; refuse that with the devices named instead."""
+    devices = {t.device for t in tensors}
+    if len(devices) > 1 and any(d.type == "openreg" for d in devices):
+        names = ", ".join(sorted(str(d) for d in devices))
+        raise ValueError(
+            f"{BACKEND_NAME} {op}: all tensors of one call must be on one device, got tensors on "
+            f"{names}. Move them to the same device first (e.g. tensor.to('openreg:0'))."
+        )
+
+
+class ProcessGroupOpenRegGloo(dist.ProcessGroup):
+    """A process group whose collectives take openreg (and CPU) tensors, run by gloo.
+
+    It is a Python ``ProcessGroup`` rather than a c10d ``Backend`` because torch's Python
+    bindings only let a Python class override collectives of a ``ProcessGroup`` (the
+    ``PyProcessGroup`` trampoline, torch/csrc/distributed/c10d/PyProcessGroup.hpp): C++
+    callers such as DDP's reducer and ``_broadcast_coalesced`` reach these methods
+    through it. c10d then uses this object as the whole group
+    (``_new_process_group_helper``: "If the type is a subclass of ProcessGroup then
+    return this process group immediately"), so it serves CPU tensors too, through the
+    same gloo, without aliases.
+
+    Completion: a collective returns as soon as gloo has queued it, like gloo on CPU
+    tensors. Its ``Work.wait()`` returns once gloo has written the results into device
+    memory; openreg kernels launched after that see them (they run in the launching
+    thread, and ``_host_aliases`` joined the current stream before gloo read the inputs).
+    ``async_op=False`` and DDP's reducer wait for every collective. ``work.get_future()``
+    gives the openreg tensors (not their host aliases), which DDP copies into gradients.
+    A call with a non-contiguous tensor completes before returning (see ``_run``).
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta = dist.constants.default_pg_timeout,
+        *,
+        options: Any = None,
+        group_name: str | None = None,
+        global_ranks_in_group: list[int] | None = None,
+    ) -> None:
+        # (rank, size): in torch 2.13 only this constructor builds the trampoline that
+        # lets C++ reach the methods below; (store, rank, size) refuses a subclass.
+        super().__init__(rank, size)
+        # The store is c10d's per-device prefix store ("<group>/openreg/"), which no
+        # other backend of the group uses, so gloo's rendezvous keys cannot collide.
+        if options is None:
+            self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        elif isinstance(options, dist.ProcessGroupGloo._Options):
+            options._timeout = timeout
+            self._gloo = dist.ProcessGroupGloo(store, rank, size, options)
+        else:
+            raise TypeError(
+                f"{BACKEND_NAME} takes ProcessGroupGloo options (pg_options="
+                f"torch.distributed.ProcessGroupGloo._Options()), got {type(options).__name__}"
+            )
+        # What distributed_c10d sets on a ProcessGroupGloo it creates itself.
+        if global_ranks_in_group:
+            self._gloo.options.global_ranks_in_group = global_ranks_in_group
+        if group_name:
+            self._gloo.options.group_name = group_name
+        self._gloo._set_sequence_number_for_group()
+        # Registered for CPU tensors only: what C++ code reaches without passing through
+        # the methods below (c10d's op dispatch, ProcessGroup::getBackend) must never
+        # hand gloo an openreg tensor. The group's name and description, which c10d
+        # keeps in its backends (ProcessGroup::setGroupName), live there too.
+        self._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
+        self._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._gloo)
+        # The tensors this group made for gloo (host aliases, contiguous copies), one
+        # list per call, kept until gloo has let go of them: see _retire.
+        self._in_flight: list[list[torch.Tensor]] = []
+        _GROUPS.add(self)
+
+    # --- identity -----------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802  (the C++ virtual's name)
+        return BACKEND_NAME
+
+    def _get_backend(self, device: Any) -> dist.ProcessGroupGloo:
+        """The gloo transport, for the capability queries c10d makes in Python
+        (``init_process_group(device_id=...)`` asks ``supports_splitting``). C++ code
+        asking the group for an openreg backend still gets an error: gloo itself must
+        never see an openreg tensor, only its host alias."""
+        device_type = torch.device(device).type
+        if device_type not in ("openreg", "cpu"):
+            raise ValueError(f"{BACKEND_NAME} serves openreg and cpu tensors, not {device_type}")
+        return self._gloo
+
+    def shutdown(self) -> None:
+        self._drain()
+        self._gloo.shutdown()
+
+    # --- tensors gloo holds ---------------------------------------------------------
+
+    def _retire(self) -> None:
+        """Forgets the tensors of calls gloo is done with.
+
+        Gloo's worker thread releases a collective's tensors (and our future callback)
+        after completing it. Were it the last owner of a host alias, it would free the
+        alias's Python object, taking the GIL, and a worker thread that takes the GIL
+        while the interpreter finalises aborts the process ("terminate called without
+        an active exception"). So this group holds every alias until gloo has let go
+        of it (``_use_count() == 1``: only our reference left); then dropping it here
+        frees it in this thread.
+        """
+        self._in_flight = [made for made in self._in_flight if any(t._use_count() > 1 for t in made)]
+
+    def _drain(self, timeout: float = 5.0) -> None:
+        """Waits (at most ``timeout`` s) until gloo has let go of every tensor this group
+        gave it: at ``destroy_process_group`` and before the interpreter finalises."""
+        deadline = time.monotonic() + timeout
+        self._retire()
+        while self._in_flight and time.monotonic() < deadline:
+            time.sleep(0.001)  # lets gloo's thread take the GIL it may need
+            self._retire()
+
+    def abort(self) -> None:
+        self._gloo.abort()
+
+    # --- forwarding -----------------------------------------------------------------
+
+    def _run(
+        self,
+        op: str,
+        call: Callable[..., dist.Work],
+        args: tuple[Any, ...],
+        result: Any = None,
+        writes_first: bool = True,
+    ) -> dist.Work:
+        """Calls ``call`` (a gloo method) on ``args`` with openreg tensors host-aliased.
+
+        ``result`` (tensors of ``args``) becomes the value of the returned work's future;
+        without one, gloo's own work is returned: gloo has no future for that
+        collective either (reduce_scatter, send, recv), or its value is empty (barrier).
+        ``writes_first``: gloo writes the tensors of the first argument (all but send).
+        """
+        tensors = [t for arg in args if _is_tensors(arg) for t in _flatten(arg)]
+        _check_one_device(op, tensors)
+        # Gloo takes a tensor's memory as numel() consecutive elements: on CPU tensors
+        # too, broadcasting into a column or gathering into strided outputs writes the
+        # wrong elements, and send refuses ("input tensor has to be contiguous"). So a
+        # non-contiguous tensor goes through a contiguous copy on its device, and the
+        # results are copied back once gloo is done (below).
+        staged = {id(t): t.contiguous() for t in tensors if not t.is_contiguous()}
+        stand_ins = [staged.get(id(t), t) for t in tensors]
+        device_tensors = [t for t in stand_ins if t.device.type == "openreg"]
+        if not device_tensors and not staged:
+            # CPU tensors only: exactly what gloo does with them, gloo's own work.
+            return call(*args)
+        self._retire()
+        # One call for all of them: it joins each device's current stream once, so work
+        # queued there (a non-blocking copy into an input) is done before gloo reads.
+        aliases = dict(zip(map(id, device_tensors), _C._host_aliases(device_tensors)))
+        replacement = {id(t): aliases.get(id(s), s) for t, s in zip(tensors, stand_ins)}
+        self._in_flight.append(list(aliases.values()) + list(staged.values()))
+        work = call(*(_replaced(arg, replacement) if _is_tensors(arg) else arg for arg in args))
+        if staged:
+            # Copying back needs gloo's results: this call completes before returning
+            # (an error is raised here rather than by wait()). The copies are device
+            # kernels on this thread's current stream, like any after wait().
+            work.wait()
+            if writes_first:
+                for t in _flatten(args[0]):
+                    if id(t) in staged:
+                        t.copy_(staged[id(t)])
+            done = torch.futures.Future()
+            done.set_result([] if result is None else result)
+            return c10d._create_work_from_future(done)
+        if result is None:
+            return work
+        # A Python callback, run by gloo's thread when the collective completes; its
+        # value() re-raises gloo's error (a timeout, a peer gone) in the new future.
+        future = work.get_future().then(lambda done: (done.value(), result)[1])
+        return c10d._create_work_from_future(future)
+
+    # --- collectives (names and signatures of torch.distributed.ProcessGroup) ---------
+
+    def allreduce(self, tensors, opts=None):
+        opts = _options(c10d.AllreduceOptions, opts)
+        return self._run("allreduce", self._gloo.allreduce, (tensors, opts), result=tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = _options(c10d.AllreduceCoalescedOptions, opts)
+        return self._run("allreduce_coalesced", self._gloo.allreduce_coalesced, (tensors, opts), result=tensors)
+
+    def broadcast(self, tensors, opts=None):
+        opts = _options(c10d.BroadcastOptions, opts)
+        return self._run("broadcast", self._gloo.broadcast, (tensors, opts), result=tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = _options(c10d.ReduceOptions, opts)
+        return self._run("reduce", self._gloo.reduce, (tensors, opts), result=tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = _options(c10d.AllgatherOptions, opts)
+        return self._run(
+            "allgather", self._gloo.allgather, (output_tensors, input_tensors, opts), result=output_tensors
+        )
+
+    def all_gather_single(self, output, input, opts=None):
+        """``all_gather_into_tensor``."""
+        opts = _options(c10d.AllgatherOptions, opts)
+        return self._run("all_gather_into_tensor", self._gloo._allgather_base, (output, input, opts), result=[output])
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        opts = _options(c10d.AllgatherOptions, opts)
+        return self._run(
+            "allgather_coalesced", self._gloo.allgather_coalesced, (output_lists, input_list, opts), result=output_lists
+        )
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = _options(c10d.GatherOptions, opts)
+        return self._run("gather", self._gloo.gather, (output_tensors, input_tensors, opts), result=output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = _options(c10d.ScatterOptions, opts)
+        return self._run("scatter", self._gloo.scatter, (output_tensors, input_tensors, opts), result=output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = _options(c10d.ReduceScatterOptions, opts)
+        return self._run("reduce_scatter", self._gloo.reduce_scatter, (output_tensors, input_tensors, opts))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """``reduce_scatter_tensor``."""
+        opts = _options(c10d.ReduceScatterOptions, opts)
+        return self._run("reduce_scatter_tensor", self._gloo._reduce_scatter_base, (output, input, opts))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = _options(c10d.AllToAllOptions, opts)
+        return self._run("alltoall", self._gloo.alltoall, (output_tensors, input_tensors, opts), result=output_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = _options(c10d.AllToAllOptions, opts)
+        return self._run(
+            "all_to_all_single",
+            self._gloo.alltoall_base,
+            (output, input, output_split_sizes, input_split_sizes, opts),
+            result=[output],
+        )
+
+    def barrier(self, opts=None):
+        return self._gloo.barrier(_options(c10d.BarrierOptions, opts))
+
+    def send(self, tensors, dst, tag=0):
+        return self._run("send", self._gloo.send, (tensors, dst, tag), writes_first=False)
+
+    def recv(self, tensors, src, tag=0):
+        return self._run("recv", self._gloo.recv, (tensors, src, tag))
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._run("recv", self._gloo.recv_anysource, (tensors, tag))
+
+
+# Every live group, drained before the interpreter finalises (see _retire); atexit
+# handlers run while it is still whole.
+_GROUPS: weakref.WeakSet[ProcessGroupOpenRegGloo] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_all_groups() -> None:
+    for group in list(_GROUPS):
+        group._drain()
+
+
+def _is_tensors(arg: Any) -> bool:
+    """A tensor or a (nested, possibly empty) list of tensors: an argument to alias."""
+    if isinstance(arg, torch.Tensor):
+        return True
+    return isinstance(arg, (list, tuple)) and all(_is_tensors(a) for a in arg)
+
+
+def _options(kind: type, opts: Any) -> Any:
+    return kind() if opts is None else opts
+
+
+def _create(backend_options: Any, pg_options: Any) -> ProcessGroupOpenRegGloo:
+    """The creator c10d calls (``extended_api=True``: it passes the group's name and
+    global ranks, which gloo records, and ``init_process_group(pg_options=...)``)."""
+    return ProcessGroupOpenRegGloo(
+        backend_options.store,
+        backend_options.group_rank,
+        backend_options.group_size,
+        backend_options.timeout,
+        options=pg_options,
+        group_name=backend_options.group_id,
+        global_ranks_in_group=list(backend_options.global_ranks_in_group),
+    )
+
+
+def _register_backend() -> None:
+    """Makes ``openreg_gloo`` the default c10d backend of the device type ``openreg``.
+
+    ``register_backend(devices=...)`` fills ``Backend.default_device_backend_map`` for
+    device types without a default (openreg), which ``init_process_group()`` without a
+    backend uses for ``torch.accelerator``'s type, and leaves ``cpu: gloo`` alone. Listing
+    ``cpu`` too states that the group serves CPU tensors
+    (``Backend.backend_capability``), so ``init_process_group("openreg_gloo")`` creates
+    it once for both device types.
+    """
+    if not dist.is_available() or not dist.is_gloo_available():
+        return
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["openreg", "cpu"])
