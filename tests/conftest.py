@@ -19,3 +19,10 @@ def _report_device_memory_faults_first():
     """pytest enables faulthandler after this file imported torch; put openreg's
     report of host accesses to device memory back in front of it."""
     torch_openreg._C._install_fault_handler()
+
+
+def pytest_terminal_summary(terminalreporter):
+    import opinfo_report
+
+    for line in opinfo_report.summary_lines():
+        terminalreporter.write_line(line)

@@ -1,0 +1,101 @@
+"""Device-generic tests in torch's own style, instantiated for openreg.
+
+torch's test suite writes a test once, with a `device` argument, and
+`instantiate_device_type_tests` makes one class per device type; for a
+PrivateUse1 backend the base is `PrivateUse1TestBase`, which reads the device
+name and module from torch (torch.openreg) and the device count for
+`@deviceCountAtLeast`. These tests are written that way, with torch's decorators
+(`@dtypes`, `@deviceCountAtLeast`, `@onlyPRIVATEUSE1`) and `TestCase.assertEqual`,
+so they run unchanged on any device type torch knows.
+"""
+
+import torch
+from torch.testing import make_tensor
+from torch.testing._internal.common_device_type import (
+    deviceCountAtLeast,
+    dtypes,
+    instantiate_device_type_tests,
+    onlyPRIVATEUSE1,
+)
+from torch.testing._internal.common_dtype import all_types_and_complex_and
+from torch.testing._internal.common_utils import TestCase
+
+ALL_DTYPES = all_types_and_complex_and(torch.half, torch.bfloat16, torch.bool)
+
+
+class TestDeviceGeneric(TestCase):
+    @dtypes(*ALL_DTYPES)
+    def test_factories_match_cpu(self, device, dtype):
+        for factory in (torch.zeros, torch.ones, torch.empty):
+            t = factory((2, 3), device=device, dtype=dtype)
+            self.assertEqual(t.device.type, self.device_type)
+            self.assertEqual((t.shape, t.dtype), (torch.Size([2, 3]), dtype))
+        self.assertEqual(torch.zeros(2, 3, device=device, dtype=dtype), torch.zeros(2, 3, dtype=dtype), exact_device=False)
+        self.assertEqual(torch.full((4,), 1, device=device, dtype=dtype), torch.full((4,), 1, dtype=dtype), exact_device=False)
+
+    @dtypes(*ALL_DTYPES)
+    def test_copy_round_trip_keeps_values_and_strides(self, device, dtype):
+        cpu = make_tensor((4, 5), dtype=dtype, device="cpu", noncontiguous=True)
+        on_device = cpu.to(device)
+        self.assertEqual(on_device.cpu(), cpu)
+        transposed = on_device.t()
+        self.assertEqual(transposed.cpu(), cpu.t())
+        self.assertEqual(transposed.contiguous().stride(), cpu.t().contiguous().stride())
+
+    @dtypes(*ALL_DTYPES)
+    def test_dtype_conversion_matches_cpu(self, device, dtype):
+        cpu = make_tensor((3, 4), dtype=dtype, device="cpu", low=-9, high=9)
+        for target in (torch.float32, torch.int64, torch.bool, torch.complex64, torch.bfloat16):
+            self.assertEqual(cpu.to(device).to(target), cpu.to(target), exact_device=False)
+
+    @dtypes(torch.float32, torch.int64)
+    def test_views_share_storage_and_see_writes(self, device, dtype):
+        t = torch.zeros(4, 4, device=device, dtype=dtype)
+        view = t[1:3, ::2]
+        view.fill_(7)
+        self.assertEqual(t.untyped_storage().data_ptr(), view.untyped_storage().data_ptr())
+        expected = torch.zeros(4, 4, dtype=dtype)
+        expected[1:3, ::2] = 7
+        self.assertEqual(t, expected, exact_device=False)
+        t.view(-1)[0] = 5
+        self.assertEqual(t[0, 0].item(), 5)
+
+    @dtypes(torch.float32, torch.float64, torch.complex64)
+    def test_elementwise_and_reductions_match_cpu(self, device, dtype):
+        a = make_tensor((8, 9), dtype=dtype, device="cpu", low=0.5, high=2)
+        b = make_tensor((9,), dtype=dtype, device="cpu", low=0.5, high=2)
+        da, db = a.to(device), b.to(device)
+        self.assertEqual(da * db + da / db, a * b + a / b, exact_device=False)
+        self.assertEqual(da.exp().sum(0), a.exp().sum(0), exact_device=False)
+        self.assertEqual(da.sum(), a.sum(), exact_device=False)
+
+    @dtypes(torch.float32)
+    def test_indexing_matches_cpu(self, device, dtype):
+        cpu = make_tensor((5, 6), dtype=dtype, device="cpu")
+        t = cpu.to(device)
+        index = torch.tensor([4, 0, 2])
+        self.assertEqual(t[index], cpu[index], exact_device=False)
+        self.assertEqual(t[index.to(device)], cpu[index], exact_device=False)
+        self.assertEqual(t[t > 0], cpu[cpu > 0], exact_device=False)
+        t[index] = 1.5
+        cpu[index] = 1.5
+        self.assertEqual(t, cpu, exact_device=False)
+
+    @deviceCountAtLeast(2)
+    def test_copies_between_devices(self, devices):
+        self.assertEqual(devices[0], self.get_primary_device())
+        a = torch.arange(6.0, device=devices[0])
+        b = a.to(devices[1])
+        self.assertEqual(b.device, torch.device(devices[1]))
+        self.assertEqual(b, a, exact_device=False)
+        with self.assertRaisesRegex(RuntimeError, "Expected all tensors to be on the same device"):
+            a + b
+
+    @onlyPRIVATEUSE1
+    def test_device_module_is_torch_openreg(self, device):
+        self.assertIs(self.device_mod, torch.openreg)
+        self.assertEqual(self.device_type, "openreg")
+        self.assertEqual(torch.device(device).type, "openreg")
+
+
+instantiate_device_type_tests(TestDeviceGeneric, globals(), only_for="openreg")
