@@ -15,6 +15,8 @@ def _autoload() -> None:
 # Defined before `import torch`: when a program imports torch_openreg before
 # torch, torch's autoload finds this module half-initialised and calls
 # _autoload, which must already exist; the rest of this file then finishes.
+import importlib  # noqa: E402
+
 import torch  # noqa: E402
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the backend)
@@ -25,12 +27,25 @@ _C._check_config()
 
 torch.utils.rename_privateuse1_backend("openreg")
 
-from torch_openreg import openreg  # noqa: E402
+from torch_openreg import _import_hooks, openreg  # noqa: E402
 
 torch._register_device_module("openreg", openreg)
 # Tensor.openreg(), Tensor.is_openreg, Module.openreg(), UntypedStorage.openreg(), ...
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+# torch.compile: dynamo needs openreg's DeviceInterface as soon as it traces,
+# Inductor openreg's code generator before it lowers a graph. Both modules take
+# seconds to import and most programs never load them, so each registration
+# runs when its module has been imported (docs/compile.md).
+_import_hooks.when_imported(
+    "torch._dynamo.device_interface",
+    lambda _: importlib.import_module("torch_openreg.openreg._dynamo").register(),
+)
+_import_hooks.when_imported(
+    "torch._inductor.compile_fx",
+    lambda _: importlib.import_module("torch_openreg.openreg._inductor").register(),
 )
 
 __all__ = ["openreg"]

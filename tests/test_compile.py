@@ -1,0 +1,268 @@
+"""torch.compile on openreg: Inductor's C++ kernels on device memory, and aot_eager.
+
+The oracle is eager mode on the CPU. Inductor tests also check the generated wrapper:
+a compile that silently fell back to eager would produce the right numbers, so each
+one asserts that Inductor generated C++ kernels and that the wrapper calls them on
+openreg's host aliases (docs/compile.md).
+"""
+
+import gc
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config as inductor_config
+from torch._dynamo.device_interface import get_interface_for_device
+from torch._inductor import metrics
+from torch._inductor.exc import InductorError
+from torch._inductor.utils import run_and_get_code
+
+from torch_openreg.openreg._dynamo import OpenRegInterface
+
+KERNEL_CALL = "(*openreg_host_aliases(("
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compilation():
+    """Every test compiles for itself: no frames cached by an earlier test, and no
+    FX graph / AOTAutograd cache hit that would skip code generation (compiled C++
+    kernels are still reused from Inductor's on-disk cache, which keeps this file fast)."""
+    torch._dynamo.reset()
+    metrics.reset()
+    with inductor_config.patch(fx_graph_cache=False), torch._functorch.config.patch(
+        enable_autograd_cache=False
+    ):
+        yield
+    torch._dynamo.reset()
+    # A failed compilation leaves reference cycles (exception, frames) that hold
+    # its openreg inputs; collect them so later tests see the memory free.
+    gc.collect()
+
+
+def compile_and_run(fn, *args, **compile_kwargs):
+    """Runs torch.compile(fn) with Inductor; returns the result and the wrapper source."""
+    out, sources = run_and_get_code(torch.compile(fn, **compile_kwargs), *args)
+    return out, "\n".join(sources)
+
+
+def assert_ran_cpp_kernels(source, count=None):
+    assert metrics.generated_kernel_count >= 1, "Inductor generated no kernel"
+    if count is not None:
+        assert metrics.generated_kernel_count == count
+    assert "async_compile.cpp_pybinding" in source
+    assert KERNEL_CALL in source, "the wrapper must call C++ kernels on host aliases"
+
+
+def test_dynamo_finds_the_openreg_device_interface():
+    assert get_interface_for_device("openreg") is OpenRegInterface
+    assert get_interface_for_device("openreg:1") is OpenRegInterface
+    assert OpenRegInterface.Stream is torch.openreg.Stream
+    assert OpenRegInterface.device_count() == torch.openreg.device_count()
+    props = OpenRegInterface.Worker.get_device_properties("openreg:0")
+    assert props.multi_processor_count == torch.openreg.get_device_properties(0).multi_processor_count
+    assert OpenRegInterface.get_compute_capability() == 10 * torch.openreg.get_device_capability()[0]
+    with OpenRegInterface.device(1):
+        assert OpenRegInterface.current_device() == 1
+    previous = OpenRegInterface.exchange_device(1)
+    assert OpenRegInterface.current_device() == 1
+    OpenRegInterface.maybe_exchange_device(previous)
+    assert OpenRegInterface.current_device() == previous
+
+
+def test_import_torch_does_not_import_dynamo_or_inductor():
+    # The registrations wait for those modules (torch_openreg/_import_hooks.py).
+    code = (
+        "import sys, torch, torch_openreg\n"
+        "assert torch.openreg.is_available()\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_elementwise_chain_fuses_into_one_cpp_kernel():
+    def fn(x, y):
+        return torch.sigmoid(x * 2 + y).relu() - torch.tanh(y) / 3
+
+    x_cpu, y_cpu = torch.randn(33, 17), torch.randn(17, 33).t()  # y is not contiguous
+    out, source = compile_and_run(fn, x_cpu.openreg(), y_cpu.openreg())
+
+    assert_ran_cpp_kernels(source, count=1)
+    assert out.device == torch.device("openreg:0")
+    torch.testing.assert_close(out.cpu(), fn(x_cpu, y_cpu))
+
+
+def test_reductions_match_eager():
+    def fn(x):
+        return x.sum(0), x.amax(1), x.mean(), torch.softmax(x, dim=-1), x.var(1)
+
+    x_cpu = torch.randn(64, 129)
+    out, source = compile_and_run(fn, x_cpu.openreg())
+
+    assert_ran_cpp_kernels(source)
+    for got, want in zip(out, fn(x_cpu)):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_float16_is_computed_as_on_cpu():
+    # Kernels are generated as CPU kernels: float16 loads and stores convert
+    # exactly as they do on the CPU, so the results are bitwise the CPU's.
+    def fn(x):
+        return (x * x + 1).rsqrt().sum(-1)
+
+    x_cpu = torch.randn(8, 40, dtype=torch.float16)
+    out, source = compile_and_run(fn, x_cpu.openreg())
+    torch._dynamo.reset()
+    want = torch.compile(fn)(x_cpu)
+
+    assert_ran_cpp_kernels(source)
+    assert out.dtype == torch.float16
+    assert torch.equal(out.cpu(), want)
+    torch.testing.assert_close(out.cpu(), fn(x_cpu))
+
+
+def test_mlp_forward_and_backward_match_eager():
+    torch.manual_seed(0)
+    model_cpu = torch.nn.Sequential(
+        torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
+    ).openreg()
+    model.load_state_dict(model_cpu.state_dict())
+    x_cpu, target_cpu = torch.randn(16, 12), torch.randn(16, 4)
+
+    def step(model, x, target):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        return loss
+
+    compiled = torch.compile(step)
+    loss, (forward, backward) = run_and_get_code(compiled, model, x_cpu.openreg(), target_cpu.openreg())
+    want = step(model_cpu, x_cpu, target_cpu)
+
+    for source in (forward, backward):
+        assert KERNEL_CALL in source
+    assert "extern_kernels.addmm" in forward  # mm stays an aten call on openreg
+    torch.testing.assert_close(loss.cpu(), want)
+    for p, p_cpu in zip(model.parameters(), model_cpu.parameters()):
+        assert p.grad.device.type == "openreg"
+        torch.testing.assert_close(p.grad.cpu(), p_cpu.grad)
+
+
+def test_dynamic_shapes_compile_once_for_all_sizes():
+    def fn(x):
+        return (x.cos() * 2).sum(-1)
+
+    compiled = torch.compile(fn, dynamic=True)
+    _, (source,) = run_and_get_code(compiled, torch.randn(5, 7).openreg())
+    # The sizes are kernel arguments (symbols such as s77), not constants.
+    call_args = source.split(KERNEL_CALL)[1].split(")")[0]
+    assert re.search(r"\bs\d+\b", call_args), call_args
+    for n in (3, 11, 20):
+        x_cpu = torch.randn(n, n + 1)
+        torch.testing.assert_close(compiled(x_cpu.openreg()).cpu(), fn(x_cpu))
+    assert metrics.generated_kernel_count == 1  # no recompilation
+
+
+def test_cpu_fallback_operators_and_custom_ops_mix_with_compiled_kernels():
+    # linalg_inv_ex has no openreg kernel: the compiled wrapper calls it as an aten
+    # operator, which runs on the CPU fallback between two generated kernels.
+    def fn(x, y):
+        a = torch.ops.openreg.add_relu(x @ x.mT, y) + torch.eye(x.shape[0], device=x.device)
+        return torch.linalg.inv(a).exp()
+
+    x_cpu, y_cpu = torch.randn(6, 6), torch.rand(6, 6)
+    torch.openreg.reset_fallback_stats()
+    out, source = compile_and_run(fn, x_cpu.openreg(), y_cpu.openreg())
+
+    assert_ran_cpp_kernels(source)
+    assert "torch.ops.openreg.add_relu" in source
+    assert "aten::linalg_inv_ex.inverse" in torch.openreg.fallback_stats()
+    want = torch.linalg.inv(torch.relu(x_cpu @ x_cpu.mT + y_cpu) + torch.eye(6)).exp()
+    torch.testing.assert_close(out.cpu(), want)
+
+
+def test_graph_on_second_device_allocates_and_computes_there():
+    def fn(x):
+        return (x + 1).mul(x).sum(0)
+
+    x_cpu = torch.randn(10, 10)
+    out, source = compile_and_run(fn, x_cpu.to("openreg:1"))
+
+    assert_ran_cpp_kernels(source)
+    assert "device='openreg:1'" in source
+    assert out.device == torch.device("openreg:1")
+    torch.testing.assert_close(out.cpu(), fn(x_cpu))
+
+
+def test_compiled_kernel_runs_after_copies_queued_on_the_stream():
+    def fn(x):
+        return x * 3 + 1
+
+    compiled = torch.compile(fn)
+    compiled(torch.zeros(1024, device="openreg"))  # compile outside the timed part
+    src = torch.arange(1024, dtype=torch.float32).pin_memory()
+    dst = torch.zeros(1024, device="openreg")
+    torch.openreg._sleep(50)  # keeps the current stream busy ...
+    dst.copy_(src, non_blocking=True)  # ... so this copy is still queued behind it
+    out = compiled(dst)  # the kernel must join the stream before reading dst
+    torch.testing.assert_close(out.cpu(), src * 3 + 1)
+
+
+def test_in_place_update_of_an_input_writes_device_memory():
+    def fn(x, y):
+        x.mul_(2).add_(y)
+        return x.sum()
+
+    x_cpu, y_cpu = torch.randn(9, 5), torch.randn(9, 5)
+    x = x_cpu.openreg()
+    total, source = compile_and_run(fn, x, y_cpu.openreg())
+
+    assert_ran_cpp_kernels(source)
+    torch.testing.assert_close(x.cpu(), x_cpu * 2 + y_cpu)
+    torch.testing.assert_close(total.cpu(), (x_cpu * 2 + y_cpu).sum())
+
+
+def test_aot_eager_forward_and_backward_match_eager():
+    x_cpu = torch.randn(7, 5, requires_grad=True)
+    w_cpu = torch.randn(5, 3, requires_grad=True)
+    x = x_cpu.detach().openreg().requires_grad_()
+    w = w_cpu.detach().openreg().requires_grad_()
+
+    def fn(x, w):
+        return torch.nn.functional.silu(x @ w).sum(0).pow(2).sum()
+
+    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(x, w)
+    out.backward()
+    want = fn(x_cpu, w_cpu)
+    want.backward()
+
+    torch.testing.assert_close(out.cpu(), want)
+    torch.testing.assert_close(x.grad.cpu(), x_cpu.grad)
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [("cpp_wrapper", "C++ wrapper"), ("fx_wrapper", "FX wrapper")],
+)
+def test_unsupported_wrappers_are_refused_with_what_to_use_instead(option, words):
+    x = torch.randn(4, device="openreg")
+    with inductor_config.patch({option: True}):
+        with pytest.raises(InductorError, match=re.escape(f"openreg: torch.compile with the {words}")) as info:
+            torch.compile(lambda t: t.sin() + 1)(x)
+    assert 'backend="aot_eager"' in str(info.value)
+
+
+def test_aot_inductor_is_refused_with_what_to_use_instead():
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return x.sin() + 1
+
+    exported = torch.export.export(Model(), (torch.randn(4, device="openreg"),))
+    with pytest.raises(InductorError, match="openreg: .*AOTInductor.*not supported"):
+        torch._inductor.aoti_compile_and_package(exported)
