@@ -259,3 +259,26 @@ def test_threads_with_their_own_streams_get_correct_results():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_stream_and_event_agree_on_what_has_completed():
+    # An event is a position in its stream's work: seen complete, the stream
+    # has done that work; a stream seen idle has completed its events. (The
+    # event used to be completed by a task, a moment before the stream counted
+    # that task done; under load, b.synchronize() could return with a.query()
+    # still False.)
+    a, b = torch.openreg.Stream(), torch.openreg.Stream()
+    for _ in range(200):
+        with torch.openreg.stream(a):
+            torch.openreg._sleep(0.05)
+        e = torch.openreg.Event()
+        e.record(a)
+        e.wait(b)
+        b.synchronize()
+        assert e.query() and a.query()
+        with torch.openreg.stream(a):
+            torch.openreg._sleep(0.05)
+        e.record(a)
+        while not a.query():
+            pass
+        assert e.query()

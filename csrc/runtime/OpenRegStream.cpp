@@ -27,14 +27,16 @@ struct orStream {
   std::condition_variable work_ready;
   std::condition_variable work_done;
   std::deque<std::function<void()>> queue;
-  uint64_t enqueued = 0;  // guarded by mutex
-  uint64_t completed = 0; // guarded by mutex
-  // enqueued - completed, readable without the lock: a kernel launch on an
-  // idle stream costs one atomic load.
-  std::atomic<uint64_t> pending{0};
+  // Tasks enqueued and completed so far. Written under `mutex`, read without
+  // it: a kernel launch on an idle stream costs two atomic loads. Events are
+  // positions in this sequence (see EventState), so a stream and the events
+  // recorded on it can never disagree about what has completed.
+  std::atomic<uint64_t> enqueued{0};
+  std::atomic<uint64_t> completed{0};
   bool worker_started = false;
 
-  void enqueue(std::function<void()> task) {
+  // Queues `task`; returns its position in the stream's sequence.
+  uint64_t enqueue(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!worker_started) {
       // Detached: streams live as long as the process, and a joinable thread
@@ -43,9 +45,9 @@ struct orStream {
       worker_started = true;
     }
     queue.push_back(std::move(task));
-    ++enqueued;
-    pending.fetch_add(1, std::memory_order_release);
+    const uint64_t position = enqueued.fetch_add(1, std::memory_order_release) + 1;
     work_ready.notify_one();
+    return position;
   }
 
   void serve() {
@@ -57,62 +59,92 @@ struct orStream {
       lock.unlock();
       task();
       lock.lock();
-      ++completed;
-      pending.fetch_sub(1, std::memory_order_release);
+      completed.fetch_add(1, std::memory_order_release);
       work_done.notify_all();
     }
   }
 
+  bool reached(uint64_t position) const {
+    return completed.load(std::memory_order_acquire) >= position;
+  }
+
   bool idle() const {
-    return pending.load(std::memory_order_acquire) == 0;
+    return reached(enqueued.load(std::memory_order_acquire));
+  }
+
+  // Waits until the task at `position` (and so every earlier one) has completed.
+  void wait_until(uint64_t position) {
+    if (reached(position)) {
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    work_done.wait(lock, [&] { return reached(position); });
   }
 
   // Waits for the work enqueued before the call (not for work added meanwhile).
   void synchronize() {
-    if (idle()) {
-      return;
-    }
-    std::unique_lock<std::mutex> lock(mutex);
-    const uint64_t target = enqueued;
-    work_done.wait(lock, [&] { return completed >= target; });
+    wait_until(enqueued.load(std::memory_order_acquire));
   }
 };
 
 namespace {
 
-// What stream tasks see of an event. Shared, so a queued record or wait stays
-// valid when the caller destroys the event handle before the task runs.
+// An event is a position in one stream's sequence of tasks: the last record
+// sets (stream, position), and the event has completed once that stream has
+// completed the task at that position. Deriving it from the stream's own
+// counter (rather than completing the event from a task) means that once the
+// event is seen complete, the stream is seen to have done that work, and once
+// a stream is seen idle, every event recorded on it is seen complete.
+// Shared, so a queued wait stays valid when the caller destroys the event
+// handle before the task runs.
 struct EventState {
   explicit EventState(unsigned flags) : timing((flags & orEventDisableTiming) == 0) {}
 
   const bool timing;
   std::mutex mutex;
-  std::condition_variable done;
-  uint64_t recorded = 0;  // generation of the last record
-  uint64_t completed = 0; // generation that last completed
+  orStream* stream = nullptr; // of the last record; streams are never destroyed
+  uint64_t position = 0;
+  uint64_t generation = 0; // number of records, so a stale timing task is ignored
   std::chrono::steady_clock::time_point time;
 
-  void complete(uint64_t generation) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (generation > completed) {
-      completed = generation;
-      time = std::chrono::steady_clock::now();
+  struct Point {
+    orStream* stream;
+    uint64_t position;
+    bool complete() const {
+      return stream == nullptr || stream->reached(position);
     }
-    done.notify_all();
-  }
+  };
 
-  void wait_for(uint64_t generation) {
-    std::unique_lock<std::mutex> lock(mutex);
-    done.wait(lock, [&] { return completed >= generation; });
-  }
-
-  // The generation of the last record, or 0 when it has completed (or the
-  // event was never recorded): what a wait has to wait for.
-  uint64_t outstanding() {
+  Point point() {
     std::lock_guard<std::mutex> lock(mutex);
-    return completed >= recorded ? 0 : recorded;
+    return {stream, position};
   }
 };
+
+void record(const std::shared_ptr<EventState>& state, orStream* stream) {
+  std::unique_lock<std::mutex> lock(state->mutex);
+  const uint64_t generation = ++state->generation;
+  if (stream->idle()) {
+    state->stream = stream;
+    state->position = stream->enqueued.load(std::memory_order_acquire);
+    state->time = std::chrono::steady_clock::now();
+    return;
+  }
+  lock.unlock();
+  // A marker task: it stamps the time when the stream reaches it. Its position
+  // is known once it is enqueued; until then, queries see the previous record.
+  const uint64_t position = stream->enqueue([state, generation] {
+    std::lock_guard<std::mutex> task_lock(state->mutex);
+    if (state->generation == generation) {
+      state->time = std::chrono::steady_clock::now();
+    }
+  });
+  lock.lock();
+  if (state->generation == generation) {
+    state->stream = stream;
+    state->position = position;
+  }
+}
 
 } // namespace
 
@@ -247,9 +279,9 @@ orError orStreamWaitEvent(orStream_t stream, orEvent_t event) {
     return orError::InvalidValue;
   }
   std::shared_ptr<EventState> state = event->state;
-  const uint64_t generation = state->outstanding();
-  if (generation != 0) {
-    stream->enqueue([state, generation] { state->wait_for(generation); });
+  const EventState::Point point = event->state->point();
+  if (!point.complete()) {
+    stream->enqueue([point] { point.stream->wait_until(point.position); });
   }
   return orError::Success;
 }
@@ -309,17 +341,7 @@ orError orEventRecord(orEvent_t event, orStream_t stream) {
   if (event == nullptr || stream == nullptr) {
     return orError::InvalidValue;
   }
-  std::shared_ptr<EventState> state = event->state;
-  uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    generation = ++state->recorded;
-  }
-  if (stream->idle()) {
-    state->complete(generation);
-  } else {
-    stream->enqueue([state, generation] { state->complete(generation); });
-  }
+  record(event->state, stream);
   return orError::Success;
 }
 
@@ -327,15 +349,17 @@ orError orEventQuery(orEvent_t event) {
   if (event == nullptr) {
     return orError::InvalidValue;
   }
-  return event->state->outstanding() == 0 ? orError::Success : orError::NotReady;
+  return event->state->point().complete() ? orError::Success : orError::NotReady;
 }
 
 orError orEventSynchronize(orEvent_t event) {
   if (event == nullptr) {
     return orError::InvalidValue;
   }
-  EventState& state = *event->state;
-  state.wait_for(state.outstanding());
+  const EventState::Point point = event->state->point();
+  if (point.stream != nullptr) {
+    point.stream->wait_until(point.position);
+  }
   return orError::Success;
 }
 
@@ -355,10 +379,10 @@ orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   } else {
     std::lock(start_lock, end_lock);
   }
-  if (first.recorded == 0 || last.recorded == 0) {
+  if (first.stream == nullptr || last.stream == nullptr) {
     return orError::InvalidHandle;
   }
-  if (first.completed < first.recorded || last.completed < last.recorded) {
+  if (!first.stream->reached(first.position) || !last.stream->reached(last.position)) {
     return orError::NotReady;
   }
   *ms = std::chrono::duration<float, std::milli>(last.time - first.time).count();
