@@ -64,12 +64,41 @@ def kineto_include_dir() -> str:
     )
 
 
+
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizer_flags() -> tuple[list[str], list[str]]:
+    """OPENREG_SANITIZE=address,undefined builds an instrumented extension
+    (docs/testing.md, "Sanitizers"): (compile flags, link flags)."""
+    value = os.environ.get("OPENREG_SANITIZE", "").strip()
+    if not value:
+        return [], []
+    wanted = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SANITIZERS]
+    if unknown:
+        raise SystemExit(
+            f"OPENREG_SANITIZE={value!r}: unknown sanitizer {', '.join(unknown)}; "
+            f"use a comma-separated subset of {','.join(SANITIZERS)}"
+        )
+    flags = [f"-fsanitize={','.join(wanted)}", "-fno-omit-frame-pointer", "-g"]
+    if "undefined" in wanted:
+        # vptr checks every polymorphic object the extension touches, most of
+        # them libtorch's, which is not instrumented; the other UBSan checks
+        # (overflow, shifts, alignment, bounds, null, enums, ...) cover openreg's
+        # own code. UBSAN_OPTIONS=halt_on_error=1 makes a report end the process.
+        flags.append("-fno-sanitize=vptr")
+    # -O1 keeps the reports' stack traces close to the source.
+    return ["-O1", *flags], flags
+
+
+sanitize_compile, sanitize_link = sanitizer_flags()
 extension = CppExtension(
     name="torch_openreg._C",
     sources=sources(),
     include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED), kineto_include_dir()],
-    extra_compile_args={"cxx": ["-O2", *openmp, *dispatch_stub_abi]},
-    extra_link_args=openmp,
+    extra_compile_args={"cxx": ["-O2", *openmp, *dispatch_stub_abi, *sanitize_compile]},
+    extra_link_args=[*openmp, *sanitize_link],
 )
 
 setup(

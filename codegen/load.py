@@ -69,6 +69,13 @@ class _Loader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                # `? [a, b]` or `? {a: 1}`: a list or mapping as a key (unhashable,
+                # and never one of the file's keys).
+                raise YamlError(
+                    Location(self.filename, line),
+                    f"a key must be a plain word such as 'op', got {_kind(key)}",
+                )
             if key in key_lines:
                 raise YamlError(
                     Location(self.filename, line),
@@ -510,11 +517,16 @@ def _kind(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, (set, frozenset)):
+        return "a set"
     if type(value) is bool:
         return f"the boolean {str(value).lower()}"
     if isinstance(value, (int, float)):
         return f"the number {value}"
-    return f"the string '{value}'"
+    if isinstance(value, str):
+        return f"the string '{value}'"
+    # YAML's other types: !!binary, dates and timestamps, !!set, ...
+    return f"the {type(value).__name__} {value!r}"
 
 
 def _kind_name(kind: type) -> str:

@@ -438,6 +438,10 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
         stream.device() == c10::Device(c10::DeviceType::PrivateUse1, block->device),
         "record_stream: the stream is on ", stream.device(), " but the tensor's memory is on openreg:",
         static_cast<int>(block->device), "; record a stream of the tensor's own device.");
+    // Validate the stream id now, while the caller can get the error: the
+    // free that records an event on it runs in the DataPtr's deleter, where a
+    // throw is std::terminate.
+    (void)raw_stream(stream);
     caches_[block->device]->record_stream(block, stream.id());
   }
 

@@ -99,6 +99,11 @@ ERROR_CASES = [
     ("cpp_namespace: n\nkernels: [\n", 3, "invalid YAML"),
     ("# only a comment\n", 1, "the file is empty"),
     ("- just\n- a list\n", 1, "the file must be a mapping"),
+    ("cpp_namespace: n\n? [a, b]\n: 1\n", 2, "a key must be a plain word such as 'op', got a list"),
+    ("cpp_namespace: n\nkernels:\n  - ? {op: view}\n    : k\n", 3, "a key must be a plain word such as 'op', got a mapping"),
+    ("cpp_namespace: !!binary aGk=\n", 1, "'cpp_namespace' in the file must be a string, got the bytes b'hi'"),
+    ("cpp_namespace: n\nkernels:\n  - op: 2001-02-03\n    kernel: k\n", 3,
+     "'op' in a kernels entry must be a string, got the date datetime.date(2001, 2, 3)"),
     # structured
     ("cpp_namespace: n\nstructured:\n  - op: abs.out\n", 3,
      "'abs.out' is not the out= operator of a structured group"),

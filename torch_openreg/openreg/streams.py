@@ -148,7 +148,13 @@ class StreamContext:
         if target != self.prev_device:
             self.prev_streams.append(torch.accelerator.current_stream(target))
             set_device(target)
-        set_stream(self.stream)
+        try:
+            set_stream(self.stream)
+        except BaseException:
+            # __exit__ does not run when __enter__ raises (an invalid stream id):
+            # give the thread its device back here.
+            set_device(self.prev_device)
+            raise
         return self.stream
 
     def __exit__(self, *exc: object) -> bool:

@@ -92,6 +92,18 @@ void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
     if (op.is_output) {
       outputs_.emplace_back(at::Tensor(op.tensor_base()), std::move(promoted));
     } else {
+      if (op.tensor_base().device().is_privateuseone()) {
+        // CPU kernels read a scalar operand's value from the tensor that
+        // exchange_tensor keeps as the original, in its own dtype
+        // (TensorIteratorBase::original_scalar_value: add_kernel, mul_kernel,
+        // div_true_kernel, ... when the common dtype is BFloat16 or Half), so
+        // the original must be host-readable: exchange for a host alias first,
+        // and the second exchange keeps that alias as the original. (The
+        // reduction branch of use_kernel_addresses exchanges a second time too;
+        // OperandInfo::exchange_tensor checks for a first exchange only in
+        // debug builds of torch.)
+        op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(host_alias(at::Tensor(op.tensor_base()))));
+      }
       op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(promoted)));
     }
   }
