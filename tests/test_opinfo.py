@@ -214,7 +214,7 @@ class TestOpInfoOnDevice(TestCase):
         except Exception as e:  # noqa: BLE001
             # Every sample fails; count them as CPU builds them.
             samples = []
-            runs = len(list(op.sample_inputs("cpu", dtype))) * (3 if op.supports_out else 2)
+            runs = len(list(op.sample_inputs("cpu", dtype))) * (len(KINDS) if op.supports_out else len(KINDS) - 1)
             failures[NO_SAMPLES] = f"building the samples on {device} raised {type(e).__name__}: {str(e)[:300]}"
         for kind in KINDS:
             if kind == "out" and not op.supports_out:

@@ -181,10 +181,5 @@ PYBIND11_MODULE(_C, m) {
         "Device activities recorded and not yet handed to a profiler session.");
   m.def("_host_aliases", &host_aliases,
         "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
-  m.def("_host_alias", [](const at::Tensor& t) {
-    TORCH_CHECK_VALUE(t.is_privateuseone(), "_host_alias expects an openreg tensor, got one on ", t.device());
-    openreg::join_current_stream(t.device().index());
-    return openreg::host_alias(t);
-  }, "A CPU tensor over the same memory as the openreg tensor `t` (after joining its stream).");
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }
