@@ -189,7 +189,7 @@ class TestOpInfoOnDevice(TestCase):
         out = None if error is not None else out_arguments(raw, "cpu")
         if out is None:
             return None  # nothing to write into
-        expected_returned, expected_error = call(op, host, raw=True, out=out)
+        _, expected_error = call(op, host, raw=True, out=out)
         device_out = out_arguments(raw, device)
         returned, actual_error = call(op, sample, raw=True, out=device_out)
         if actual_error is None:
