@@ -95,8 +95,8 @@ namespace {
 // counter (rather than completing the event from a task) means that once the
 // event is seen complete, the stream is seen to have done that work, and once
 // a stream is seen idle, every event recorded on it is seen complete.
-// Shared, so a queued wait stays valid when the caller destroys the event
-// handle before the task runs.
+// Shared, so a queued timing marker stays valid when the caller destroys the
+// event handle before the marker runs (a queued wait copies its Point).
 struct EventState {
   explicit EventState(unsigned flags) : timing((flags & orEventDisableTiming) == 0) {}
 
