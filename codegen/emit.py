@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 
+from codegen.emit_cpu_kernels import register_cpu_kernels
 from codegen.emit_custom import kernel_entries, register_custom_ops
 from codegen.emit_structured import register_structured
 from codegen.model import (
@@ -33,6 +34,7 @@ REGISTER_KERNELS = "RegisterOpenReg.cpp"
 REGISTER_STUBS = "RegisterStubs.cpp"
 REGISTER_CUSTOM_OPS = "RegisterCustomOps.cpp"
 REGISTER_FALLBACK = "RegisterFallback.cpp"
+REGISTER_CPU_KERNELS = "RegisterCpuKernels.cpp"
 
 
 def banner(cfg: BackendConfig) -> str:
@@ -222,6 +224,7 @@ def kernel_table(cfg: BackendConfig) -> str:
     rows += [
         (f"aten::{f.func.name}", "Structured", s.parent_class) for s in cfg.structured for f in s.functions()
     ]
+    rows += [(f"aten::{c.name}", "CpuKernel", f"CPU kernel of aten::{c.name}") for c in cfg.cpu_kernels]
     rows += [
         (f"{cfg.custom_namespace}::{c.name}", "CustomOp", f"{cfg.cpp_namespace}::{c.kernel}") for c in cfg.custom_ops
     ]
@@ -360,6 +363,7 @@ def generate(cfg: BackendConfig) -> dict[str, str]:
         NATIVE_HEADER: native_functions_header(cfg),
         REGISTER_KERNELS: register_kernels(cfg),
         **register_structured(cfg, banner(cfg)),
+        REGISTER_CPU_KERNELS: register_cpu_kernels(cfg, banner(cfg)),
         REGISTER_STUBS: register_stubs(cfg),
         REGISTER_CUSTOM_OPS: register_custom_ops(cfg, banner(cfg), lambda e, n, t: wrapper(cfg, e, n, t)),
         REGISTER_FALLBACK: register_fallback(cfg),

@@ -15,6 +15,7 @@ import yaml
 
 from codegen.model import (
     BackendConfig,
+    CpuKernelEntry,
     CustomOp,
     FallbackPolicy,
     KernelEntry,
@@ -25,7 +26,7 @@ from codegen.model import (
     StubEntry,
     YamlError,
 )
-from codegen.native import cpu_kernel, native_functions, structured_groups
+from codegen.native import cpu_kernel, has_cpu_kernel, native_functions, structured_groups
 from codegen.sources import defined_functions
 from codegen.stubs import declared_stubs
 from torchgen.model import (
@@ -44,7 +45,8 @@ KEY_LINES = "__key_lines__"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
-TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "structured", "stubs", "custom_ops", "fallback")
+TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "structured", "cpu_kernels", "stubs", "custom_ops", "fallback")
+CPU_KERNEL_KEYS = ("op",)
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg")
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
@@ -247,6 +249,43 @@ class _Reader:
                     f"'{name}' has no structured CPU kernel whose class openreg could reuse; bind it under 'kernels'",
                 )
             out.append(StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE])))
+        return tuple(out)
+
+    def cpu_kernels(self, top: dict[str, Any], policy: FallbackPolicy) -> tuple[CpuKernelEntry, ...]:
+        out = []
+        accepting = {str(r.name) for r in policy.cpu_tensor_args}
+        for entry, _ in self.items(top, "cpu_kernels", "the file"):
+            what = "a cpu_kernels entry"
+            self.check_keys(entry, CPU_KERNEL_KEYS, what)
+            f = self.operator(entry, what)
+            name = str(f.func.name)
+            loc = self.key_loc(entry, "op")
+            if not has_cpu_kernel(f):
+                why = (
+                    "it is CompositeImplicitAutograd: it runs through other operators and needs no kernel"
+                    if f.has_composite_implicit_autograd_kernel
+                    else "torch has no CPU kernel for it"
+                )
+                raise YamlError(loc, f"'{name}' cannot run a CPU kernel on openreg: {why}; remove the entry")
+            for a in f.func.arguments.flat_all:
+                if a.type.is_list_like() and a.is_write:
+                    raise YamlError(
+                        loc,
+                        f"'{name}' writes the tensor list '{a.name}', which cpu_kernels entries do not "
+                        "support; leave it to the fallback",
+                    )
+                if "Storage" in str(a.type):
+                    raise YamlError(
+                        loc, f"'{name}' takes a Storage ('{a.name}'); bind it under 'kernels' or leave it to the fallback"
+                    )
+            for r, aliased in zip(f.func.returns, f.func.aliased_return_names()):
+                if r.annotation is not None and aliased is None:
+                    raise YamlError(
+                        loc,
+                        f"'{name}' returns a view of its input; view operators need a kernel that builds the "
+                        "view (bind it under 'kernels'), not a CPU kernel",
+                    )
+            out.append(CpuKernelEntry(func=f, accepts_cpu_tensors=name in accepting, loc=self.loc(entry[LINE])))
         return tuple(out)
 
     def stubs(self, top: dict[str, Any]) -> tuple[StubEntry, ...]:
@@ -457,11 +496,13 @@ class _Reader:
                 self.key_loc(top, "cpp_namespace"),
                 f"cpp_namespace '{namespace}' is not a C++ namespace such as 'openreg::native'",
             )
+        policy = self.fallback(top)
         cfg = BackendConfig(
             source=self.path,
             cpp_namespace=namespace,
             kernels=self.kernels(top),
-            fallback=self.fallback(top),
+            fallback=policy,
+            cpu_kernels=self.cpu_kernels(top, policy),
             structured=self.structured(top),
             stubs=self.stubs(top),
             custom_ops=self.custom_ops(top),
@@ -477,6 +518,7 @@ class _Reader:
         groups: list[tuple[str, list[tuple[Any, Location]]]] = [
             ("kernels", [(k.name, k.loc) for k in cfg.kernels]),
             ("structured", [(f.func.name, s.loc) for s in cfg.structured for f in s.functions()]),
+            ("cpu_kernels", [(c.name, c.loc) for c in cfg.cpu_kernels]),
             ("fallback.ops", [(r.name, r.loc) for r in cfg.fallback.ops]),
             ("fallback.blocklist", [(r.name, r.loc) for r in cfg.fallback.blocklist]),
         ]

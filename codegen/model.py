@@ -71,6 +71,22 @@ class KernelEntry:
 
 
 @dataclass(frozen=True)
+class CpuKernelEntry:
+    """An aten operator whose own CPU kernel runs on the device memory: the
+    generated wrapper hands it host aliases of the openreg operands
+    (csrc/aten/OpenRegHostCall.h) and returns its results as openreg tensors."""
+
+    func: NativeFunction
+    # CPU tensors of any shape are accepted beside openreg ones (fallback.cpu_tensor_args).
+    accepts_cpu_tensors: bool
+    loc: Location
+
+    @property
+    def name(self) -> OperatorName:
+        return self.func.func.name
+
+
+@dataclass(frozen=True)
 class OpRef:
     """An operator named in the fallback section, with an optional reason."""
 
@@ -150,6 +166,7 @@ class BackendConfig:
     stubs: tuple[StubEntry, ...] = ()
     custom_ops: tuple[CustomOp, ...] = ()
     custom_namespace: str = "openreg"
+    cpu_kernels: tuple[CpuKernelEntry, ...] = ()
 
     def custom_op(self, name: str) -> CustomOp | None:
         return next((c for c in self.custom_ops if str(c.name) == name), None)
@@ -162,6 +179,8 @@ class BackendConfig:
         for s in self.structured:
             for f in s.functions():
                 bound[str(f.func.name)] = f"structured ({s.parent_class}, {f.func.kind().name})"
+        for c in self.cpu_kernels:
+            bound[str(c.name)] = "cpu kernel -> torch's CPU kernel on device memory"
         for st in self.stubs:
             target = "torch's CPU kernel on device memory" if st.cpu_kernel else f"{self.cpp_namespace}::{st.kernel}"
             bound[f"stub {st.decl.qualified_name}"] = f"stub -> {target}"

@@ -41,3 +41,14 @@ def cpu_kernel(g: NativeFunctionsGroup) -> BackendMetadata | None:
     ``{cpp_namespace}::structured_{kernel}`` is exported by libtorch_cpu, and
     its impl() reaches the device through DispatchStubs."""
     return parsed().backend_indices[DispatchKey.CPU].get_kernel(g)
+
+
+def has_cpu_kernel(f: NativeFunction) -> bool:
+    """Whether dispatching ``f`` to CPU reaches a kernel of its own: a CPU
+    kernel, its structured out= operator's, or a CompositeExplicitAutograd one
+    (which CPU's dispatch table holds too)."""
+    indices = parsed().backend_indices
+    if f.structured_delegate is not None:
+        f = native_functions()[str(f.structured_delegate)]
+    keys = (DispatchKey.CPU, DispatchKey.CompositeExplicitAutograd, DispatchKey.CompositeExplicitAutogradNonFunctional)
+    return any(indices[k].has_kernel(f) for k in keys)

@@ -2,6 +2,8 @@
 
 #include <array>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include <ATen/core/TensorBase.h>
 #include <c10/core/CPUAllocator.h>
@@ -18,15 +20,41 @@ void release_device_storage(void* ctx) {
   delete static_cast<c10::Storage*>(ctx);
 }
 
-void release_grown(void* ctx) {
-  delete static_cast<c10::DataPtr*>(ctx);
+// Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
+// by kernel address. The CPU DataPtrs have their data as context, as
+// Allocator::raw_allocate requires (mkldnn and others allocate raw memory
+// through the CPU allocator while a HostCall redirects it).
+struct HostVisible {
+  std::mutex mutex;
+  std::unordered_map<void*, c10::DataPtr> memory;
+};
+
+HostVisible& host_visible() {
+  static auto* registry = new HostVisible(); // leaked: deleters may run at exit
+  return *registry;
 }
+
+std::optional<c10::DataPtr> take_host_visible(void* data) {
+  HostVisible& r = host_visible();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.memory.find(data);
+  if (it == r.memory.end()) {
+    return std::nullopt;
+  }
+  c10::DataPtr device = std::move(it->second);
+  r.memory.erase(it);
+  return device;
+}
+
+void keep_taken(void* /*data*/) {}
+
+void delete_host_visible(void* data);
 
 // The allocator of an alias storage. A CPU kernel that resizes an out= alias
 // (at::native::resize_output -> resize_bytes_cpu) allocates through it; the
 // new bytes are device memory of the alias's device, wrapped as a CPU DataPtr,
 // so the fallback can hand them to the device storage instead of copying
-// (take_grown_device_memory).
+// (take_grown_device_memory). allocate_host_visible does the allocation.
 class GrowthAllocator final : public c10::Allocator {
  public:
   void set_device(c10::DeviceIndex index) {
@@ -34,9 +62,7 @@ class GrowthAllocator final : public c10::Allocator {
   }
 
   c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index_));
-    auto* device = new c10::DataPtr(device_allocator()->allocate(nbytes));
-    return c10::DataPtr(orKernelAddress(device->get()), device, &release_grown, c10::Device(c10::DeviceType::CPU));
+    return allocate_host_visible(index_, nbytes);
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -64,6 +90,32 @@ GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
 
 } // namespace
 
+namespace {
+void delete_host_visible(void* data) {
+  release_host_visible(data);
+}
+} // namespace
+
+bool release_host_visible(void* data) {
+  // The device memory is freed when the taken DataPtr goes, outside the lock.
+  return take_host_visible(data).has_value();
+}
+
+c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes) {
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
+  c10::DataPtr device = device_allocator()->allocate(nbytes);
+  if (device.get() == nullptr) {
+    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
+  }
+  void* data = orKernelAddress(device.get());
+  {
+    HostVisible& r = host_visible();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    r.memory.emplace(data, std::move(device));
+  }
+  return c10::DataPtr(data, data, &delete_host_visible, c10::Device(c10::DeviceType::CPU));
+}
+
 c10::Storage host_alias_storage(const c10::Storage& device_storage) {
   auto* keep_alive = new c10::Storage(device_storage);
   void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
@@ -75,12 +127,12 @@ c10::Storage host_alias_storage(const c10::Storage& device_storage) {
 }
 
 std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage) {
-  const c10::DataPtr& ptr = host_storage.unsafeGetStorageImpl()->data_ptr();
-  if (ptr.get_deleter() != &release_grown) {
+  c10::DataPtr& ptr = host_storage.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
+  // The host storage keeps pointing at the bytes; the device storage owns them now.
+  if (!ptr.compare_exchange_deleter(&delete_host_visible, &keep_taken)) {
     return std::nullopt;
   }
-  // The alias keeps pointing at the bytes; the device storage owns them now.
-  return std::move(*static_cast<c10::DataPtr*>(ptr.get_context()));
+  return take_host_visible(ptr.get());
 }
 
 at::Tensor host_alias(const at::Tensor& t, const c10::Storage& host_storage) {

@@ -21,9 +21,17 @@ namespace openreg {
 // take_grown_device_memory) and the original device memory is left untouched.
 c10::Storage host_alias_storage(const c10::Storage& device_storage);
 
-// If a CPU kernel resized `host_storage` (from host_alias_storage), the device
-// memory it moved to, for the device storage to adopt; the alias keeps
-// viewing those bytes but no longer owns them.
+// `nbytes` of fresh memory of openreg device `index`, as a CPU DataPtr at the
+// kernel address; take_grown_device_memory gives the device memory back.
+c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes);
+// Frees memory from allocate_host_visible by its data pointer; false if
+// `data` is not such memory.
+bool release_host_visible(void* data);
+
+// If `host_storage`'s bytes came from allocate_host_visible (a CPU kernel
+// resized an alias from host_alias_storage, or allocated while a HostCall
+// redirected CPU allocations), that device memory, for a device storage to
+// adopt; the host storage keeps viewing those bytes but no longer owns them.
 std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage);
 
 // A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over

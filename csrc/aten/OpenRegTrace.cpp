@@ -46,6 +46,8 @@ const char* route_name(Route route) {
       return "kernel";
     case Route::Structured:
       return "structured kernel";
+    case Route::CpuKernel:
+      return "CPU kernel on device memory";
     case Route::Stub:
       return "stub kernel";
     case Route::CustomOp:

@@ -23,6 +23,7 @@ namespace openreg::trace {
 enum class Route : uint8_t {
   Kernel, // a hand-written kernel behind a generated wrapper
   Structured, // a generated structured wrapper: meta(), then impl()
+  CpuKernel, // a generated wrapper running the operator's CPU kernel on device memory
   Stub, // a DispatchStub kernel, reached from an impl()
   CustomOp, // an operator of the openreg library
   Fallback, // the CPU fallback

@@ -1,0 +1,151 @@
+"""RegisterCpuKernels.cpp: PrivateUse1 wrappers that run an operator's own CPU
+kernel on the device memory.
+
+For each `cpu_kernels` entry the wrapper has the dispatcher's signature and
+drives an ``openreg::HostCall`` (csrc/aten/OpenRegHostCall.h) argument by
+argument, as the boxed CPU fallback does at run time, but with every type known
+here: it notes where each operand lives, begins the call (device guard, stream
+order, CPU allocations redirected to device memory), redispatches the operator
+to CPU with host aliases of the operands, and returns written operands as
+themselves and fresh results as openreg tensors over the memory the CPU kernel
+allocated.
+"""
+
+from __future__ import annotations
+
+from codegen.model import TRACE_HEADER, BackendConfig, CpuKernelEntry, trace_scope
+from torchgen.api.types import DispatcherSignature
+from torchgen.context import native_function_manager
+from torchgen.model import Argument, BaseTy, BaseType, ListType, OptionalType, Type
+
+HOST_CALL_HEADER = "aten/OpenRegHostCall.h"
+CPU_KEYS = "c10::DispatchKeySet(c10::DispatchKey::CPU)"
+
+
+def _kind(t: Type) -> str:
+    """How HostCall treats an argument of type `t`: "tensor", "tensors",
+    "generator", "device", or "" (passed unchanged)."""
+    base = t.elem if isinstance(t, OptionalType) else t
+    if isinstance(base, BaseType):
+        if base.name == BaseTy.Tensor:
+            return "tensor"
+        if base.name == BaseTy.Generator:
+            return "generator"
+        if base.name == BaseTy.Device:
+            return "device"
+    if isinstance(t, ListType) and t.is_tensor_like():
+        return "tensors"
+    return ""
+
+
+def _note(a: Argument) -> str | None:
+    kind = _kind(a.type)
+    if not kind:
+        return None
+    value = a.name
+    if kind in ("generator", "device") and not isinstance(a.type, OptionalType):
+        value = f"std::optional({a.name})"
+    written = ", /*written=*/true" if kind == "tensor" and a.is_write else ""
+    return f'  call.note({value}, "{a.name}"{written});'
+
+
+def _host_expr(a: Argument) -> str:
+    kind = _kind(a.type)
+    if not kind:
+        return a.name
+    if kind == "tensor" and a.is_write:
+        return f"{a.name}_host"  # a local: the redispatch takes a Tensor&
+    if kind == "generator":
+        return f"call.generator({a.name})" if isinstance(a.type, OptionalType) else f"*call.generator({a.name})"
+    if kind == "device":
+        return f"call.device({a.name})" if isinstance(a.type, OptionalType) else f"*call.device({a.name})"
+    return f"call.host({a.name})"
+
+
+def wrapper_name(entry: CpuKernelEntry) -> str:
+    return "wrapper_" + str(entry.name).replace(".", "_")
+
+
+def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
+    """(how the redispatch's value is kept, the return statement)."""
+    schema = entry.func.func
+    aliased = schema.aliased_return_names()
+    returns = schema.returns
+    if not returns:
+        return "", ""
+    if len(returns) == 1:
+        if aliased[0] is not None:
+            return "", f"  return {aliased[0]};"
+        if returns[0].type.is_tensor_like():
+            return "const auto result = ", "  return call.result(result);"
+        return "const auto result = ", "  return result;"
+    parts = []
+    for i, (r, name) in enumerate(zip(returns, aliased)):
+        if name is not None:
+            parts.append(name)
+        elif r.type.is_tensor_like():
+            parts.append(f"call.result(std::get<{i}>(result))")
+        else:
+            parts.append(f"std::get<{i}>(result)")
+    if all(name is not None for name in aliased):
+        return "", f"  return std::forward_as_tuple({', '.join(parts)});"
+    return "const auto result = ", f"  return std::make_tuple({', '.join(parts)});"
+
+
+def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
+    f = entry.func
+    op = f"aten::{entry.name}"
+    with native_function_manager(f):
+        sig = DispatcherSignature.from_schema(f.func)
+        arguments = [b.argument for b in sig.arguments()]
+        notes = [n for n in (_note(a) for a in arguments if isinstance(a, Argument)) if n is not None]
+        written = [f"  at::Tensor {a.name}_host = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
+        exprs = ", ".join([CPU_KEYS] + [_host_expr(a) for a in arguments])
+        keep, ret = _returns(entry)
+        accepts = "true" if entry.accepts_cpu_tensors else "false"
+        body = [
+            f"  {trace_scope(op, 'CpuKernel', f'CPU kernel of {op}')}",
+            f'  openreg::HostCall call("{op}", /*accepts_cpu_tensors=*/{accepts});',
+            *notes,
+            "  call.begin();",
+            *written,
+            f"  {keep}at::_ops::{f.func.name.unambiguous_name()}::redispatch({exprs});",
+            "  call.finish();",
+        ]
+        if ret:
+            body.append(ret)
+        return f"// {f.func}\n{sig.defn(name=wrapper_name(entry))} {{\n" + "\n".join(body) + "\n}"
+
+
+def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
+    entries = cfg.cpu_kernels
+    if not entries:
+        body = "// No cpu_kernels in the yaml.\n"
+        return f"{banner}\n{body}"
+    headers = "".join(f"#include <ATen/ops/{root}_ops.h>\n" for root in sorted({e.func.root_name for e in entries}))
+    wrappers = "\n\n".join(cpu_kernel_wrapper(e) for e in entries)
+    impls = "\n".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e)}));' for e in entries)
+    return f"""{banner}
+// Operators whose own CPU kernel runs on the device memory (cpu_kernels in the
+// yaml): see csrc/aten/OpenRegHostCall.h.
+#include <tuple>
+
+#include <torch/library.h>
+
+{headers}
+#include "{HOST_CALL_HEADER}"
+#include "{TRACE_HEADER}"
+
+namespace at {{
+namespace {{
+
+{wrappers}
+
+}} // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
+{impls}
+}}
+
+}} // namespace at
+"""

@@ -1,0 +1,364 @@
+#include "OpenRegHostCall.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+#include "OpenRegAllocator.h"
+#include "OpenRegDevice.h"
+#include "OpenRegException.h"
+#include "OpenRegGenerator.h"
+#include "OpenRegHostAlias.h"
+#include "OpenRegStream.h"
+#include "runtime/OpenRegRuntime.h"
+
+namespace openreg {
+namespace {
+
+// The device whose memory this thread's CPU allocations come from while a
+// HostCall runs its kernel, or -1.
+thread_local c10::DeviceIndex redirect_device = -1;
+
+// torch's CPU allocator with one change: while a HostCall runs a CPU kernel on
+// this thread, allocations come from the call's openreg device
+// (allocate_host_visible), so the kernel's results are device memory and
+// HostCall::result adopts them instead of copying. Elsewhere, and on the
+// threads of a parallel region, it is the allocator it replaced.
+class RedirectingCPUAllocator final : public c10::Allocator {
+ public:
+  explicit RedirectingCPUAllocator(c10::Allocator* cpu) : cpu_(cpu) {
+    cpu_raw_deleter() = cpu->raw_deleter();
+  }
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (redirect_device >= 0) {
+      return allocate_host_visible(redirect_device, nbytes);
+    }
+    return cpu_->allocate(nbytes);
+  }
+
+  // Allocator::raw_deallocate frees raw_allocate()'s pointers through this
+  // deleter, whichever allocation they came from.
+  c10::DeleterFnPtr raw_deleter() const override {
+    return cpu_raw_deleter() != nullptr ? &raw_delete : nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    cpu_->copy_data(dest, src, count);
+  }
+
+ private:
+  static c10::DeleterFnPtr& cpu_raw_deleter() {
+    static c10::DeleterFnPtr deleter = nullptr;
+    return deleter;
+  }
+
+  static void raw_delete(void* data) {
+    if (!release_host_visible(data)) {
+      cpu_raw_deleter()(data);
+    }
+  }
+
+  c10::Allocator* cpu_;
+};
+
+// Installed when the extension loads, above the priority c10 registers its
+// own CPU allocator with.
+const bool installed = [] {
+  static RedirectingCPUAllocator allocator(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(&allocator, /*priority=*/1);
+  return true;
+}();
+
+std::string device_name(const c10::Device& device) {
+  return device.str();
+}
+
+// A device tensor with `like`'s geometry over `storage`: a view with
+// `view_keys` when given, otherwise a fresh tensor (whose autograd keys
+// TensorImpl adds).
+at::Tensor device_tensor_on(
+    const c10::Storage& storage,
+    const at::Tensor& like,
+    std::optional<c10::DispatchKeySet> view_keys) {
+  at::Tensor out = view_keys ? at::detail::make_tensor<c10::TensorImpl>(
+                                   c10::TensorImpl::VIEW, c10::Storage(storage), *view_keys, like.dtype())
+                             : at::detail::make_tensor<c10::TensorImpl>(
+                                   c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  out._set_conj(like.is_conj());
+  out._set_neg(like.is_neg());
+  return out;
+}
+
+} // namespace
+
+HostCall::HostCall(const char* op, bool accepts_cpu_tensors) : op_(op), accepts_cpu_tensors_(accepts_cpu_tensors) {
+  (void)installed;
+}
+
+HostCall::HostCall(const c10::OperatorName& op, bool accepts_cpu_tensors)
+    : op_name_(&op), accepts_cpu_tensors_(accepts_cpu_tensors) {}
+
+std::string HostCall::op_name() const {
+  return op_name_ != nullptr ? c10::toString(*op_name_) : std::string(op_);
+}
+
+HostCall::~HostCall() {
+  if (redirecting_) {
+    redirect_device = previous_redirect_;
+  }
+}
+
+void HostCall::note_device(c10::Device device, const char* argument) {
+  if (!device_) {
+    device_ = device;
+    device_argument_ = argument;
+    return;
+  }
+  TORCH_CHECK(
+      *device_ == device, "Expected all tensors to be on the same device, but found at least two devices, ",
+      device_name(*device_), " and ", device_name(device), "! (", op_name(), ", arguments '", device_argument_, "' and '",
+      argument, "'). Move the tensors to one device first, e.g. with .to(\"", device_name(*device_), "\").");
+}
+
+void HostCall::note(const at::Tensor& t, const char* argument, bool written) {
+  if (!t.defined()) {
+    return;
+  }
+  if (t.device().is_privateuseone()) {
+    note_device(t.device(), argument);
+  } else if (t.is_cpu()) {
+    const bool harmless = t.dim() == 0 && !written;
+    if (!harmless && cpu_argument_ == nullptr) {
+      cpu_argument_ = argument;
+    }
+  } else {
+    TORCH_CHECK(
+        false, op_name(), ": argument '", argument, "' is a ", device_name(t.device()),
+        " tensor; openreg runs CPU kernels on openreg and CPU tensors only.");
+  }
+}
+
+void HostCall::note(const std::optional<at::Tensor>& t, const char* argument) {
+  if (t.has_value()) {
+    note(*t, argument);
+  }
+}
+
+void HostCall::note(at::ITensorListRef tensors, const char* argument) {
+  for (const at::Tensor& t : tensors) {
+    note(t, argument);
+  }
+}
+
+void HostCall::note(const c10::List<std::optional<at::Tensor>>& tensors, const char* argument) {
+  for (const std::optional<at::Tensor>& t : tensors) {
+    note(t, argument);
+  }
+}
+
+void HostCall::note(const std::optional<at::Device>& device, const char* argument) {
+  if (device.has_value() && device->is_privateuseone()) {
+    note_device(device->has_index() ? *device : c10::Device(device->type(), current_device()), argument);
+  }
+}
+
+void HostCall::note(const std::optional<at::Generator>& generator, const char* /*argument*/) {
+  if (generator.has_value() && generator->defined()) {
+    (generator->device().is_privateuseone() ? openreg_generator_ : other_generator_) = true;
+  }
+}
+
+void HostCall::begin() {
+  // As CUDA's check_generator: a CPU generator cannot drive openreg tensors.
+  TORCH_CHECK(
+      !device_.has_value() || !other_generator_, "Expected a 'openreg' device type for generator but found 'cpu' (",
+      op_name(), "): pass torch.Generator(device=\"openreg\"), or no generator.");
+  TORCH_CHECK(
+      device_.has_value() || !openreg_generator_, op_name(),
+      " got an openreg generator but runs on the CPU: pass a CPU generator, or put the tensors on openreg.");
+  TORCH_CHECK(
+      cpu_argument_ == nullptr || !device_ || accepts_cpu_tensors_,
+      "Expected all tensors to be on the same device, but found at least two devices, ", device_name(*device_),
+      " and cpu! (", op_name(), ", argument '", cpu_argument_, "'). Move the tensors to one device first, e.g. with .to(\"",
+      device_name(*device_), "\").");
+  if (!device_) {
+    return; // CPU tensors only (a fallback reached through a CPU generator or storage)
+  }
+  guard_.emplace(*device_);
+  join_current_stream(device_->index());
+  previous_redirect_ = redirect_device;
+  redirect_device = device_->index();
+  redirecting_ = true;
+}
+
+const HostCall::Alias& HostCall::alias_of(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  for (const Alias& a : aliases_) {
+    if (a.device_storage_impl == impl) {
+      return a;
+    }
+  }
+  // One host alias per device storage, so operands that share memory still
+  // share it on the host and results can be traced back to their operand.
+  return aliases_.emplace_back(Alias{impl, t.storage(), host_alias_storage(t.storage()), t.key_set()});
+}
+
+at::Tensor HostCall::host(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_privateuseone()) {
+    return t;
+  }
+  at::Tensor alias = host_alias(t, alias_of(t).host_storage);
+  operands_.emplace_back(alias.unsafeGetTensorImpl(), t);
+  return alias;
+}
+
+at::Tensor HostCall::written(const at::Tensor& t) {
+  at::Tensor alias = host(t);
+  if (t.defined() && t.device().is_privateuseone()) {
+    written_.push_back(Written{t, alias});
+  }
+  return alias;
+}
+
+std::optional<at::Tensor> HostCall::host(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) {
+    return std::nullopt;
+  }
+  return host(*t);
+}
+
+std::vector<at::Tensor> HostCall::host(at::ITensorListRef tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    out.push_back(host(t));
+  }
+  return out;
+}
+
+c10::List<std::optional<at::Tensor>> HostCall::host(const c10::List<std::optional<at::Tensor>>& tensors) {
+  c10::List<std::optional<at::Tensor>> out;
+  out.reserve(tensors.size());
+  for (const std::optional<at::Tensor>& t : tensors) {
+    out.push_back(host(t));
+  }
+  return out;
+}
+
+c10::Storage HostCall::host(const c10::Storage& storage) {
+  return storage.device().is_privateuseone() ? host_alias_storage(storage) : storage;
+}
+
+std::optional<at::Device> HostCall::device(const std::optional<at::Device>& device) const {
+  if (device.has_value() && device->is_privateuseone()) {
+    return c10::Device(c10::DeviceType::CPU);
+  }
+  return device;
+}
+
+std::optional<at::Generator> HostCall::generator(const std::optional<at::Generator>& generator) const {
+  if (generator.has_value() && generator->defined() && generator->device().is_privateuseone()) {
+    return generator->get<OpenRegGeneratorImpl>()->cpu_generator();
+  }
+  if ((!generator.has_value() || !generator->defined()) && device_) {
+    return default_generator(device_->index()).get<OpenRegGeneratorImpl>()->cpu_generator();
+  }
+  return generator;
+}
+
+void HostCall::finish() {
+  if (redirecting_) {
+    redirect_device = previous_redirect_;
+    redirecting_ = false;
+  }
+  guard_.reset();
+  for (const Written& w : written_) {
+    write_back(w);
+  }
+  written_.clear();
+}
+
+// A written operand whose host alias the CPU kernel resized or restrided: give
+// the device tensor the same storage size, bytes and geometry.
+void HostCall::write_back(const Written& w) {
+  c10::TensorImpl* device_impl = w.device_tensor.unsafeGetTensorImpl();
+  c10::TensorImpl* alias_impl = w.alias.unsafeGetTensorImpl();
+  const c10::Storage& host = alias_impl->storage();
+  c10::StorageImpl* device_storage = device_impl->storage().unsafeGetStorageImpl();
+  const void* host_data = host.unsafeGetStorageImpl()->data_ptr().get();
+  if (host_data != orKernelAddress(device_storage->data_ptr().get())) {
+    // The CPU kernel resized the alias (out= of another size). Its new bytes
+    // are device memory: the device storage adopts them, no copy.
+    std::optional<c10::DataPtr> grown;
+    if (device_storage->resizable()) {
+      grown = take_grown_device_memory(host);
+    }
+    if (grown.has_value()) {
+      device_storage->set_data_ptr_noswap(std::move(*grown));
+      device_storage->set_nbytes(host.nbytes());
+    } else {
+      if (host.nbytes() > device_storage->nbytes()) {
+        resize_storage_bytes(device_storage, host.nbytes());
+      }
+      OPENREG_CHECK(
+          orMemcpy(device_storage->mutable_data(), host_data, host.nbytes(), orMemcpyKind::HostToDevice));
+    }
+  }
+  if (device_impl->sizes() != alias_impl->sizes() || device_impl->strides() != alias_impl->strides() ||
+      device_impl->storage_offset() != alias_impl->storage_offset()) {
+    device_impl->set_sizes_and_strides(alias_impl->sizes(), alias_impl->strides(), alias_impl->storage_offset());
+  }
+}
+
+at::Tensor HostCall::result(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cpu() || !device_) {
+    return t;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      t.layout() == c10::Layout::Strided, op_name(), " produced a ", t.layout(),
+      " tensor, but openreg supports only strided tensors: run this operator on CPU tensors.");
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  for (const auto& [alias, operand] : operands_) {
+    if (alias == impl) {
+      return operand; // the operator returned an operand itself (in-place, out=)
+    }
+  }
+  c10::StorageImpl* host = t.storage().unsafeGetStorageImpl();
+  for (const Alias& a : aliases_) {
+    if (a.host_storage.unsafeGetStorageImpl() == host) {
+      // A view of an operand: a view of the operand's device storage, with the
+      // operand's dispatch keys (as the ImplType::VIEW constructor expects).
+      // Or another result on the fresh memory of an earlier one.
+      const bool of_operand = a.device_storage_impl != nullptr;
+      return device_tensor_on(a.device_storage, t, of_operand ? std::optional(a.keys) : std::nullopt);
+    }
+  }
+  // Fresh memory. If the kernel allocated it while begin() redirected CPU
+  // allocations, it is already device memory; otherwise (another thread or
+  // allocator) it is copied.
+  c10::Storage storage;
+  if (std::optional<c10::DataPtr> device_memory = take_grown_device_memory(t.storage())) {
+    storage = c10::Storage(
+        c10::Storage::use_byte_size_t(), host->nbytes(), std::move(*device_memory), device_allocator(),
+        /*resizable=*/true);
+  } else {
+    const c10::DeviceGuard guard(*device_);
+    storage = c10::Storage(c10::Storage::use_byte_size_t(), host->nbytes(), device_allocator(), /*resizable=*/true);
+    OPENREG_CHECK(orMemcpy(storage.mutable_data(), host->data(), host->nbytes(), orMemcpyKind::HostToDevice));
+  }
+  aliases_.emplace_back(Alias{nullptr, storage, t.storage(), c10::DispatchKeySet()});
+  return device_tensor_on(storage, t, std::nullopt);
+}
+
+std::vector<at::Tensor> HostCall::result(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    out.push_back(result(t));
+  }
+  return out;
+}
+
+} // namespace openreg
