@@ -1,23 +1,326 @@
 """Time operators on CPU and on openreg in the same run and print the ratio.
 
-    python benchmarks/bench_ops.py [--json FILE] [--repeat N]
+    python benchmarks/bench_ops.py [--size small|large|both] [--only add,sort,...]
+                                   [--repeat N] [--calls-scale F] [--json FILE]
 
-Each case runs interleaved (CPU, openreg, CPU, openreg, ...) and reports the
-median per-call time; ratio = openreg / CPU (1.0 = as fast as CPU). Copies are
-reported as GB/s against CPU's copy_ bandwidth.
+Each case runs interleaved (a batch of calls on CPU, a batch on openreg, CPU,
+openreg, ...; the device is synchronized at the end of every batch) and reports
+the median per-call time; ratio = openreg / CPU (1.0 = as fast as CPU). Copies
+are also reported as GB/s, against CPU's copy_ bandwidth.
+
+Small inputs have 16 elements, large ones about 16M; the shape column gives
+the shape of the first tensor argument (of the result for arange, linspace,
+randperm). Matrix products use 4x4 and 2048x2048 matrices (batches of 1x4x4 and
+64x512x512), convolution and pooling 1x1x4x4 and 16x64x128x128 images. The
+call column says how each case calls the operator:
+
+- fn: the functional call, which allocates its output. On small inputs that
+  per-call overhead is what is measured; on large inputs "fn" is used only where
+  the output is small (full reductions, reductions over one dimension).
+- out=: large inputs write into an output preallocated on both devices. A
+  functional call would allocate a fresh 64 MB output on each call, which on
+  CPU goes through malloc and page faults while openreg's caching allocator
+  reuses a block: the ratio would measure allocation, not the kernel.
+- alloc: large inputs, functional call with a large output, because the
+  operator has no out= form (relu, clone, linear, embedding, conv2d,
+  max_pool2d). The ratio includes allocating the output (cheaper on openreg).
+- in-place: the operator writes into its input (fill_, uniform_, copy_, ...).
+
+The label after each name comes from the dispatcher at run time
+(torch_openreg.info.classify of the aten operator that decides how openreg
+runs the case): native, fallback (the CPU fallback), or composite (runs
+through other operators). The summary gives, per group, the median and worst
+ratio and how many cases meet the goals of issue 4: native ops at most 1.10x
+CPU on small inputs and 1.05x on large ones, fallback ops 2.0x and 1.3x,
+copies at least 0.9x of CPU's copy_ bandwidth. These are printed, never
+asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+import sys
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
-SMALL, LARGE = 16, 1 << 24
+from torch_openreg import info  # also registers the device when autoload is off
+from torch_openreg.openreg import diagnostics
+
+DEV = "openreg"
+SMALL_CALLS = 2000  # calls per timed batch on small inputs
+CALL_KINDS = ("fn", "out=", "alloc", "in-place")
+COPY_KINDS = {"h2d": (False, True), "d2h": (True, False), "d2d": (True, True)}  # (src, dst) on openreg
+
+
+class _Device:
+    """Stands for the device among a case's arguments (factories take no tensor)."""
+
+    def __repr__(self) -> str:
+        return "DEVICE"
+
+
+DEVICE = _Device()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operator call, timed on small and on large inputs."""
+
+    name: str
+    op: str  # the aten operator that decides how openreg runs the call
+    inputs: Callable[[bool], tuple]  # the call's CPU arguments, small (False) or large (True)
+    fn: Callable[..., object]  # the call; takes out= when large == "out=" and out is None
+    large: str = "out="  # how the large case calls: one of CALL_KINDS
+    out: Callable[..., object] | None = None  # the out= call, when fn has no out= keyword
+    calls: int = 3  # calls per timed batch on large inputs
+    copy: str | None = None  # a copy_ of args (src, dst): which of them are on openreg
+
+    def __post_init__(self) -> None:
+        if self.large not in CALL_KINDS:
+            raise ValueError(f"case {self.name}: large={self.large!r}; use one of {CALL_KINDS}")
+        if self.out is not None and self.large != "out=":
+            raise ValueError(f"case {self.name}: out= call given but large={self.large!r}; set large='out='")
+        if not self.op.startswith("aten::"):
+            raise ValueError(f"case {self.name}: op {self.op!r} should name an aten operator, e.g. 'aten::add.out'")
+        if self.copy is not None and self.copy not in COPY_KINDS:
+            raise ValueError(f"case {self.name}: copy={self.copy!r}; use one of {tuple(COPY_KINDS)}")
+        if self.calls < 1:
+            raise ValueError(f"case {self.name}: calls={self.calls}; time at least one call per batch")
+
+    def call(self, large: bool) -> str:
+        """How the case calls the operator on small or large inputs (a CALL_KINDS entry)."""
+        if large or self.large == "in-place":
+            return self.large
+        return "fn"
+
+
+# Inputs. N: vectors of 16 and 16M elements; M: matrices of 16 and 16M elements
+# (reductions over dim 1, sort, softmax, indexing along a dimension).
+N = (16, 1 << 24)
+M = ((4, 4), (4096, 4096))
+MM = ((4, 4), (2048, 2048))
+BMM = ((1, 4, 4), (64, 512, 512))
+IMAGE = ((1, 1, 4, 4), (16, 64, 128, 128))  # conv2d and pooling input
+FILTER = ((1, 1, 3, 3), (64, 64, 3, 3))
+EMBEDDING = ((4, 4), (32768, 512))  # (rows, dim) of the weight; as many lookups as rows
+
+
+def vec(large: bool) -> torch.Tensor:
+    return torch.randn(N[large])
+
+
+def positive(large: bool) -> torch.Tensor:
+    return torch.rand(N[large]) + 0.5
+
+
+def mask(large: bool) -> torch.Tensor:
+    return torch.rand(N[large]) < 0.5
+
+
+def mat(large: bool) -> torch.Tensor:
+    return torch.randn(M[large])
+
+
+def one(make: Callable[[bool], Any]) -> Callable[[bool], tuple]:
+    return lambda large: (make(large),)
+
+
+def two(make: Callable[[bool], Any], other: Callable[[bool], Any] | None = None) -> Callable[[bool], tuple]:
+    return lambda large: (make(large), (other or make)(large))
+
+
+def half(large: bool) -> torch.Tensor:
+    return torch.randn(N[large] // 2)
+
+
+def int32s(large: bool) -> torch.Tensor:
+    return torch.randint(0, 1 << 30, (N[large],), dtype=torch.int32)
+
+
+def rows_index(large: bool) -> tuple:
+    """A matrix and a random index of the same shape into its columns."""
+    m = mat(large)
+    return m, torch.randint(0, m.shape[1], m.shape)
+
+
+def vector_index(large: bool) -> tuple:
+    """A vector and as many random positions into it."""
+    return vec(large), torch.randint(0, N[large], (N[large],))
+
+
+def softmax_backward_inputs(log: bool) -> Callable[[bool], tuple]:
+    def make(large: bool) -> tuple:
+        x = mat(large)
+        return torch.randn_like(x), (torch.log_softmax if log else torch.softmax)(x, -1)
+    return make
+
+
+def mm_inputs(shapes: tuple, bias: bool) -> Callable[[bool], tuple]:
+    def make(large: bool) -> tuple:
+        a, b = torch.randn(shapes[large]), torch.randn(shapes[large])
+        return (torch.randn(shapes[large]), a, b) if bias else (a, b)
+    return make
+
+
+def linear_inputs(large: bool) -> tuple:
+    rows, cols = MM[large]
+    return torch.randn(rows, cols), torch.randn(cols, cols), torch.randn(cols)
+
+
+def embedding_inputs(large: bool) -> tuple:
+    rows, dim = EMBEDDING[large]
+    return torch.randn(rows, dim), torch.randint(0, rows, (rows,))
+
+
+def aten_out(overload: Any, *const: Any, out_name: str = "out") -> Callable[..., object]:
+    """The out= call of an aten overload: (tensors..., out=) -> overload(tensors..., *const, out_name=out)."""
+    return lambda *tensors, out: overload(*tensors, *const, **{out_name: out})
+
+
+UNARY = ("abs", "neg", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf")
+POSITIVE = {"log", "sqrt", "rsqrt"}
+BINARY = {  # name: the out= overload of the aten operator
+    "add": "add.out", "sub": "sub.out", "mul": "mul.out", "div": "div.out",
+    "maximum": "maximum.out", "minimum": "minimum.out", "eq": "eq.Tensor_out", "lt": "lt.Tensor_out",
+}
+aten = torch.ops.aten
+
+CASES: tuple[Case, ...] = (
+    # Elementwise, unary and binary.
+    *(Case(n, f"aten::{n}.out", one(positive if n in POSITIVE else vec), getattr(torch, n)) for n in UNARY),
+    *(Case(n, f"aten::{o}", two(vec), getattr(torch, n)) for n, o in BINARY.items()),
+    Case("pow", "aten::pow.Tensor_Tensor_out", two(positive, vec), torch.pow),
+    Case("logical_and", "aten::logical_and.out", two(mask), torch.logical_and),
+    Case("bitwise_and", "aten::bitwise_and.Tensor_out", two(int32s), torch.bitwise_and),
+    Case("where", "aten::where.self_out", lambda large: (mask(large), vec(large), vec(large)), torch.where),
+    # Activations and their backward.
+    Case("relu", "aten::relu", one(vec), torch.relu, large="alloc"),
+    Case("gelu", "aten::gelu.out", one(vec), F.gelu, out=aten_out(aten.gelu.out)),
+    Case("silu", "aten::silu.out", one(vec), F.silu, out=aten_out(aten.silu.out)),
+    Case("leaky_relu", "aten::leaky_relu.out", one(vec), F.leaky_relu, out=aten_out(aten.leaky_relu.out, 0.01)),
+    Case("hardtanh", "aten::hardtanh.out", one(vec), F.hardtanh, out=aten_out(aten.hardtanh.out, -1.0, 1.0)),
+    Case("gelu_backward", "aten::gelu_backward.grad_input", two(vec), aten.gelu_backward,
+         out=aten_out(aten.gelu_backward.grad_input, out_name="grad_input")),
+    Case("silu_backward", "aten::silu_backward.grad_input", two(vec), aten.silu_backward,
+         out=aten_out(aten.silu_backward.grad_input, out_name="grad_input")),
+    # Filling and copying on the device (clone allocates; copy_ is the d2d copy below).
+    Case("fill_", "aten::fill_.Scalar", one(vec), lambda a: a.fill_(1.5), large="in-place"),
+    Case("zero_", "aten::zero_", one(vec), lambda a: a.zero_(), large="in-place"),
+    Case("clone", "aten::_copy_from", one(vec), torch.clone, large="alloc"),
+    # Reductions: the output is small, so the functional call on large inputs too.
+    Case("sum", "aten::sum.dim_IntList", one(vec), torch.sum, large="fn"),
+    Case("mean", "aten::mean.out", one(vec), torch.mean, large="fn"),
+    Case("prod", "aten::prod", lambda large: (1 + 1e-3 * vec(large),), torch.prod, large="fn"),
+    Case("amax", "aten::amax.out", one(mat), lambda m: torch.amax(m, 1), large="fn"),
+    Case("max(dim)", "aten::max.dim_max", one(mat), lambda m: torch.max(m, 1), large="fn"),
+    Case("argmax", "aten::argmax.out", one(vec), torch.argmax, large="fn"),
+    Case("std", "aten::std.correction", one(vec), torch.std, large="fn"),
+    Case("var", "aten::var.correction", one(vec), torch.var, large="fn"),
+    Case("norm", "aten::linalg_vector_norm.out", one(vec), torch.linalg.vector_norm, large="fn"),
+    # any of all-False and all of all-True read every element.
+    Case("any", "aten::any", lambda large: (torch.zeros(N[large], dtype=torch.bool),), torch.any, large="fn"),
+    Case("all", "aten::all", lambda large: (torch.ones(N[large], dtype=torch.bool),), torch.all, large="fn"),
+    # Matrix products: 4x4 and 2048x2048 matrices, batches of 1x4x4 and 64x512x512.
+    Case("mm", "aten::mm.out", mm_inputs(MM, bias=False), torch.mm, calls=1),
+    Case("addmm", "aten::addmm.out", mm_inputs(MM, bias=True), torch.addmm, calls=1),
+    Case("bmm", "aten::bmm.out", mm_inputs(BMM, bias=False), torch.bmm, calls=1),
+    Case("baddbmm", "aten::baddbmm.out", mm_inputs(BMM, bias=True), torch.baddbmm, calls=1),
+    # linear on a 2-D input with bias is addmm(bias, input, weight.t()).
+    Case("linear", "aten::addmm.out", linear_inputs, F.linear, large="alloc", calls=1),
+    # Joining and indexing.
+    Case("cat", "aten::cat.out", two(half), lambda a, b, **out: torch.cat((a, b), **out)),
+    Case("stack", "aten::cat.out", two(half), lambda a, b, **out: torch.stack((a, b), **out)),
+    Case("index_select", "aten::index_select.out",
+         lambda large: (mat(large), torch.randperm(M[large][0])),
+         lambda m, i, **out: torch.index_select(m, 0, i, **out)),
+    Case("gather", "aten::gather.out", rows_index, lambda m, i, **out: torch.gather(m, 1, i, **out)),
+    Case("scatter", "aten::scatter.src_out", lambda large: (*rows_index(large), mat(large)),
+         lambda m, i, s, **out: torch.scatter(m, 1, i, s, **out)),
+    Case("index", "aten::index.Tensor_out", vector_index, lambda a, i: a[i],
+         out=lambda a, i, out: aten.index.Tensor_out(a, [i], out=out), calls=1),
+    Case("index_put_", "aten::_index_put_impl_", lambda large: (*vector_index(large), vec(large)),
+         lambda a, i, v: a.index_put_((i,), v), large="in-place", calls=1),
+    Case("masked_fill_", "aten::masked_fill_.Scalar", two(vec, mask), lambda a, m: a.masked_fill_(m, 0.0),
+         large="in-place"),
+    Case("masked_select", "aten::masked_select.out", two(vec, mask), torch.masked_select, calls=1),
+    # Sorting, scans, ranges.
+    Case("sort", "aten::sort.values_stable", one(mat), lambda m, **out: torch.sort(m, -1, **out), calls=1),
+    Case("topk", "aten::topk.values", one(vec), lambda a, **out: torch.topk(a, 8, **out), calls=1),
+    Case("cumsum", "aten::cumsum.out", one(vec), lambda a, **out: torch.cumsum(a, 0, **out)),
+    Case("arange", "aten::arange.start_out", lambda large: (N[large], DEVICE),
+         lambda n, d: torch.arange(n, device=d), out=lambda n, d, out: torch.arange(n, out=out)),
+    Case("linspace", "aten::linspace.out", lambda large: (N[large], DEVICE),
+         lambda n, d: torch.linspace(0, 1, n, device=d), out=lambda n, d, out: torch.linspace(0, 1, n, out=out)),
+    # Softmax over the rows of a matrix, and its backward.
+    Case("softmax", "aten::_softmax.out", one(mat), lambda m: torch.softmax(m, -1),
+         out=aten_out(aten._softmax.out, -1, False)),
+    Case("log_softmax", "aten::_log_softmax.out", one(mat), lambda m: torch.log_softmax(m, -1),
+         out=aten_out(aten._log_softmax.out, -1, False)),
+    Case("softmax_backward", "aten::_softmax_backward_data.out", softmax_backward_inputs(log=False),
+         lambda g, y: aten._softmax_backward_data(g, y, -1, torch.float32),
+         out=aten_out(aten._softmax_backward_data.out, -1, torch.float32, out_name="grad_input")),
+    Case("log_softmax_backward", "aten::_log_softmax_backward_data.out", softmax_backward_inputs(log=True),
+         lambda g, y: aten._log_softmax_backward_data(g, y, -1, torch.float32),
+         out=aten_out(aten._log_softmax_backward_data.out, -1, torch.float32)),
+    # embedding is weight.index_select(0, indices) (a CompositeExplicitAutograd kernel).
+    Case("embedding", "aten::index_select", embedding_inputs, lambda w, i: F.embedding(i, w), large="alloc"),
+    # Random numbers: each device draws from its own generator.
+    Case("uniform_", "aten::uniform_", one(vec), lambda a: a.uniform_(), large="in-place"),
+    Case("normal_", "aten::normal_", one(vec), lambda a: a.normal_(), large="in-place"),
+    Case("bernoulli_", "aten::bernoulli_.float", one(vec), lambda a: a.bernoulli_(0.5), large="in-place", calls=1),
+    Case("random_", "aten::random_", one(vec), lambda a: a.random_(), large="in-place"),
+    Case("randperm", "aten::randperm.generator_out", lambda large: (N[large], DEVICE),
+         lambda n, d: torch.randperm(n, device=d), out=lambda n, d, out: torch.randperm(n, out=out), calls=1),
+    # Convolution and pooling: 1x1x4x4 and 16x64x128x128 inputs, 3x3 filters (64 in, 64 out).
+    Case("conv2d", "aten::convolution", lambda large: (torch.randn(IMAGE[large]), torch.randn(FILTER[large])),
+         lambda x, w: F.conv2d(x, w, padding=1), large="alloc", calls=1),
+    Case("max_pool2d", "aten::max_pool2d_with_indices.out", lambda large: (torch.randn(IMAGE[large]),),
+         lambda x: F.max_pool2d(x, 2), large="alloc", calls=1),
+    Case("avg_pool2d", "aten::avg_pool2d.out", lambda large: (torch.randn(IMAGE[large]),),
+         lambda x: F.avg_pool2d(x, 2), out=aten_out(aten.avg_pool2d.out, [2, 2])),
+    # Copies: CPU's copy_ between two CPU tensors against the same copy_ to, from, within openreg.
+    *(Case(f"copy {kind}", "aten::_copy_from", lambda large: (vec(large), torch.empty(N[large])),
+           lambda src, dst: dst.copy_(src), large="in-place", copy=kind) for kind in COPY_KINDS),
+)
+
+GOALS = {  # group: (largest ratio that meets the goal, the goal in words)
+    "native small": (1.10, "<=1.10x"),
+    "native large": (1.05, "<=1.05x"),
+    "fallback small": (2.0, "<=2.0x"),
+    "fallback large": (1.3, "<=1.3x"),
+    "copies": (1 / 0.9, ">=0.9x GB/s"),
+}
+
+
+def place(case: Case, args: tuple, device: str) -> tuple:
+    """The case's arguments on device: tensors moved (for a copy, only the ones
+    that live on openreg), DEVICE replaced by the device's name."""
+    on_device = COPY_KINDS[case.copy] if case.copy and device != "cpu" else (True,) * len(args)
+    return tuple(
+        device if a is DEVICE else a.to(device) if isinstance(a, torch.Tensor) and moved else a
+        for a, moved in zip(args, on_device)
+    )
+
+
+def empty_like(result: Any, device: str) -> Any:
+    if isinstance(result, torch.Tensor):
+        return torch.empty_like(result, device=device)
+    return tuple(empty_like(r, device) for r in result)
+
+
+def bound_call(case: Case, large: bool, args: tuple, out: Any) -> Callable[[], object]:
+    if case.call(large) != "out=":
+        return lambda: case.fn(*args)
+    if case.out is not None:
+        return lambda: case.out(*args, out=out)
+    return lambda: case.fn(*args, out=out)
 
 
 def per_call(fn: Callable[[], object], calls: int) -> float:
@@ -28,86 +331,146 @@ def per_call(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def compare(make: Callable[[str], Callable[[], object]], calls: int, repeat: int) -> tuple[float, float]:
-    cpu, dev = make("cpu"), make("openreg")
-    cpu(), dev()  # warm up
+def describe(args: tuple, result: Any) -> str:
+    """The shape of the first tensor argument (of the result for factories): 16M, 4096x4096."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is None:
+        first = result if isinstance(result, torch.Tensor) else result[0]
+    return "x".join(f"{d >> 20}M" if d >= 1 << 20 and d % (1 << 20) == 0 else str(d) for d in first.shape)
+
+
+def measure(case: Case, large: bool, repeat: int, calls: int) -> dict[str, Any]:
+    """Times the case on both devices, interleaved; one row of the table."""
+    torch.manual_seed(0)
+    args = case.inputs(large)
+    cpu_args, dev_args = place(case, args, "cpu"), place(case, args, DEV)
+    result = case.fn(*cpu_args)
+    cpu_out = dev_out = None
+    if case.call(large) == "out=":
+        cpu_out, dev_out = empty_like(result, "cpu"), empty_like(result, DEV)
+    cpu, dev = bound_call(case, large, cpu_args, cpu_out), bound_call(case, large, dev_args, dev_out)
+    cpu()
+    # Which operators the openreg call ran on the CPU fallback: checks the label.
+    diagnostics.reset_fallback_stats()
+    dev()
+    torch.openreg.synchronize()
+    fallback_ops = sorted(diagnostics.fallback_stats())
     cpu_t, dev_t = [], []
     for _ in range(repeat):
         cpu_t.append(per_call(cpu, calls))
         dev_t.append(per_call(dev, calls))
-    return statistics.median(cpu_t), statistics.median(dev_t)
+    cpu_s, dev_s = statistics.median(cpu_t), statistics.median(dev_t)
+    row = {"op": case.name, "aten": case.op, "size": "large" if large else "small",
+           "shape": describe(cpu_args, result), "call": case.call(large), "calls": calls,
+           "cpu_us": cpu_s * 1e6, "openreg_us": dev_s * 1e6, "ratio": dev_s / cpu_s,
+           "fallback_ops": fallback_ops}
+    if case.copy:
+        nbytes = args[0].nbytes
+        row |= {"cpu_GBps": nbytes / cpu_s / 1e9, "openreg_GBps": nbytes / dev_s / 1e9}
+    return row
 
 
-def binary(op: Callable, n: int) -> Callable[[str], Callable[[], object]]:
-    def make(device: str):
-        a, b = torch.randn(n, device=device), torch.randn(n, device=device)
-        return lambda: op(a, b)
-    return make
+def group(row: dict[str, Any]) -> str:
+    return "copies" if "cpu_GBps" in row else f"{row['label']} {row['size']}"
 
 
-def unary(op: Callable, n: int) -> Callable[[str], Callable[[], object]]:
-    def make(device: str):
-        a = torch.randn(n, device=device)
-        return lambda: op(a)
-    return make
-
-
-def copy_case(kind: str, n: int) -> Callable[[str], Callable[[], object]]:
-    def make(device: str):
-        if device == "cpu":
-            src, dst = torch.randn(n), torch.empty(n)
-        else:
-            src = torch.randn(n, device="openreg" if kind in ("d2h", "d2d") else "cpu")
-            dst = torch.empty(n, device="openreg" if kind in ("h2d", "d2d") else "cpu")
-        return lambda: dst.copy_(src)
-    return make
-
-
-# name -> (the aten operator that decides native or fallback, case factory)
-CASES = {
-    "add": ("aten::add.Tensor", lambda n: binary(torch.add, n)),
-    "mul": ("aten::mul.Tensor", lambda n: binary(torch.mul, n)),
-    "exp": ("aten::exp", lambda n: unary(torch.exp, n)),
-    "abs": ("aten::abs.out", lambda n: unary(torch.abs, n)),
-    "cos": ("aten::cos", lambda n: unary(torch.cos, n)),
-    "sum": ("aten::sum.dim_IntList", lambda n: unary(torch.sum, n)),
-    "empty": ("aten::empty.memory_format", lambda n: (lambda d: (lambda: torch.empty(n, device=d)))),
-    "view": ("aten::view", lambda n: unary(lambda a: a.view(-1, 1), n)),
-}
-
-
-def label(name: str, op: str) -> str:
-    """The case name with how openreg runs it, asked of the dispatcher."""
-    native = torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
-    return f"{name} ({'native' if native else 'fallback'})"
-COPIES = ("h2d", "d2h", "d2d")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    rows = []
-    for size_name, n, calls in (("small", SMALL, 2000), ("large", LARGE, 3)):
-        for name, (op, case) in CASES.items():
-            cpu, dev = compare(case(n), calls, args.repeat)
-            rows.append({"op": label(name, op), "size": size_name, "numel": n, "cpu_us": cpu * 1e6,
-                         "openreg_us": dev * 1e6, "ratio": dev / cpu})
-        for kind in COPIES:
-            cpu, dev = compare(copy_case(kind, n), calls, args.repeat)
-            nbytes = n * 4
-            rows.append({"op": f"copy {kind}", "size": size_name, "numel": n, "cpu_us": cpu * 1e6,
-                         "openreg_us": dev * 1e6, "ratio": dev / cpu,
-                         "cpu_GBps": nbytes / cpu / 1e9, "openreg_GBps": nbytes / dev / 1e9})
-    print(f"{'op':<16} {'size':<6} {'cpu us':>10} {'openreg us':>11} {'ratio':>6}  GB/s (cpu / openreg)")
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per group (native small, ..., copies): median and worst ratio, cases meeting the goal."""
+    groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        bw = f"  {r['cpu_GBps']:.2f} / {r['openreg_GBps']:.2f}" if "cpu_GBps" in r else ""
-        print(f"{r['op']:<16} {r['size']:<6} {r['cpu_us']:>10.2f} {r['openreg_us']:>11.2f} {r['ratio']:>6.2f}{bw}")
+        groups.setdefault(group(r), []).append(r)
+    order = list(GOALS) + sorted(set(groups) - set(GOALS))
+    summary = []
+    for name in (g for g in order if g in groups):
+        members = groups[name]
+        worst = max(members, key=lambda r: r["ratio"])
+        limit, words = GOALS.get(name, (None, "-"))
+        summary.append({
+            "group": name, "cases": len(members),
+            "median_ratio": statistics.median(r["ratio"] for r in members),
+            "max_ratio": worst["ratio"], "max_op": worst["op"], "goal": words,
+            "meeting_goal": None if limit is None else sum(r["ratio"] <= limit for r in members),
+        })
+    return summary
+
+
+def label_notes(row: dict[str, Any]) -> list[str]:
+    """Where what the openreg call ran on the fallback disagrees with the label."""
+    reached = row["fallback_ops"]
+    base = row["aten"].split(".")[0]
+    if row["label"] == "native" and reached:
+        return [f"{row['op']} ({row['size']}): labelled native, but ran {', '.join(reached)} on the fallback"]
+    if row["label"] == "fallback" and not any(op.split(".")[0] == base for op in reached):
+        return [f"{row['op']} ({row['size']}): labelled fallback by {row['aten']}, "
+                f"but the fallback ran {', '.join(reached) or 'nothing'}; the table's operator may be stale"]
+    return []
+
+
+ROW = "{:<34} {:<5} {:<14} {:<8} {:>11} {:>11} {:>6}{}"
+
+
+def print_row(r: dict[str, Any]) -> None:
+    name = r["op"] if "cpu_GBps" in r else f"{r['op']} ({r['label']})"
+    bandwidth = f"  {r['cpu_GBps']:.2f} / {r['openreg_GBps']:.2f}" if "cpu_GBps" in r else ""
+    print(ROW.format(name, r["size"], r["shape"], r["call"], f"{r['cpu_us']:.2f}", f"{r['openreg_us']:.2f}",
+                     f"{r['ratio']:.2f}", bandwidth), flush=True)
+
+
+def print_summary(summary: list[dict[str, Any]]) -> None:
+    print(f"\n{'group':<16} {'cases':>5} {'median':>7} {'max':>6}  {'(op)':<22} {'goal':<12} meeting")
+    for s in summary:
+        meeting = "-" if s["meeting_goal"] is None else f"{s['meeting_goal']}/{s['cases']}"
+        print(f"{s['group']:<16} {s['cases']:>5} {s['median_ratio']:>7.2f} {s['max_ratio']:>6.2f}  "
+              f"{'(' + s['max_op'] + ')':<22} {s['goal']:<12} {meeting}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="FILE", help="also write the rows and the summary to FILE")
+    parser.add_argument("--repeat", type=int, default=5, help="timed batches per device (the median is kept)")
+    parser.add_argument("--size", choices=("small", "large", "both"), default="both")
+    parser.add_argument("--only", metavar="SUBSTR", help="comma list: run the cases whose name contains one of them")
+    parser.add_argument("--calls-scale", type=float, default=1.0, metavar="F",
+                        help=f"multiply the calls per batch ({SMALL_CALLS} small, 1-3 large), e.g. 0.01 for a smoke test")
+    args = parser.parse_args(argv)
+    if args.repeat < 1 or args.calls_scale <= 0:
+        parser.error("--repeat must be at least 1 and --calls-scale positive")
+    wanted = [s.strip() for s in args.only.split(",")] if args.only else None
+    cases = [c for c in CASES if wanted is None or any(w in c.name for w in wanted)]
+    if not cases:
+        parser.error(f"--only {args.only}: no case matches; the cases are {', '.join(c.name for c in CASES)}")
+    sizes = {"small": (False,), "large": (True,), "both": (False, True)}[args.size]
+
+    bound = info.bindings()
+    labels = {c.name: info.classify(c.op, bound).category for c in cases}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeat {args.repeat}, "
+          f"calls x{args.calls_scale:g}; ratio = openreg / CPU")
+    print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio",
+                     "  GB/s cpu / openreg"))
+    rows = []
+    for large in sizes:
+        for case in cases:
+            calls = max(1, round((case.calls if large else SMALL_CALLS) * args.calls_scale))
+            row = measure(case, large, args.repeat, calls)
+            row["label"] = labels[case.name]
+            rows.append(row)
+            print_row(row)
+    summary = summarize(rows)
+    print_summary(summary)
+    notes = [n for r in rows if "cpu_GBps" not in r for n in label_notes(r)]
+    for n in notes:
+        print("note:", n)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "repeat": args.repeat,
+                       "calls_scale": args.calls_scale, "rows": rows, "summary": summary, "notes": notes},
+                      f, indent=1)
+    bad = [r["op"] for r in rows if not (math.isfinite(r["ratio"]) and r["ratio"] > 0)]
+    if bad:
+        print("error: no usable time for", ", ".join(bad), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The benchmarks run and report every case. Smoke tests: they time a handful
+of calls and assert no ratio (timing belongs to the benchmark's own output)."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torch_openreg import info
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
+
+
+def bench_ops_cases() -> list:
+    spec = importlib.util.spec_from_file_location("bench_ops", BENCH_OPS)
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look the module up in sys.modules to resolve string annotations.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return list(module.CASES)
+
+
+def run_bench_ops(json_path: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    # CI's traced run would print a line per timed call; OPENREG_FALLBACK=error
+    # would stop the fallback cases the benchmark exists to time.
+    env.pop("TORCH_SHOW_DISPATCH_TRACE", None)
+    env.pop("OPENREG_FALLBACK", None)
+    result = subprocess.run(
+        [sys.executable, str(BENCH_OPS), "--size", "small", "--repeat", "1", "--calls-scale", "0.005",
+         "--json", str(json_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(json_path.read_text())
+
+
+def test_bench_ops_reports_every_case_with_finite_positive_times(tmp_path):
+    report = run_bench_ops(tmp_path / "bench_ops.json")
+    rows = report["rows"]
+    assert [r["op"] for r in rows] == [c.name for c in bench_ops_cases()]
+    for r in rows:
+        assert r["size"] == "small"
+        assert r["label"] in info.CATEGORIES, r
+        for key in ("cpu_us", "openreg_us", "ratio"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["op"], key, r[key])
+    copies = [r for r in rows if r["op"].startswith("copy ")]
+    assert [r["op"] for r in copies] == ["copy h2d", "copy d2h", "copy d2d"]
+    for r in copies:
+        assert r["cpu_GBps"] > 0 and r["openreg_GBps"] > 0
+    # The summary accounts for every row once.
+    assert sum(s["cases"] for s in report["summary"]) == len(rows)
+    assert "copies" in {s["group"] for s in report["summary"]}
