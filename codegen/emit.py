@@ -224,7 +224,9 @@ def kernel_table(cfg: BackendConfig) -> str:
     rows += [
         (f"aten::{f.func.name}", "Structured", s.parent_class) for s in cfg.structured for f in s.functions()
     ]
-    rows += [(f"aten::{c.name}", "CpuKernel", f"CPU kernel of aten::{c.name}") for c in cfg.cpu_kernels]
+    rows += [
+        (f"aten::{c.name}", "CpuKernel", f"at::_ops::{c.name.unambiguous_name()}::redispatch") for c in cfg.cpu_kernels
+    ]
     rows += [
         (f"{cfg.custom_namespace}::{c.name}", "CustomOp", f"{cfg.cpp_namespace}::{c.kernel}") for c in cfg.custom_ops
     ]

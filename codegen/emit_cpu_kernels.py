@@ -103,13 +103,14 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         exprs = ", ".join([CPU_KEYS] + [_host_expr(a) for a in arguments])
         keep, ret = _returns(entry)
         accepts = "true" if entry.accepts_cpu_tensors else "false"
+        redispatch = f"at::_ops::{f.func.name.unambiguous_name()}::redispatch"
         body = [
-            f"  {trace_scope(op, 'CpuKernel', f'CPU kernel of {op}')}",
+            f"  {trace_scope(op, 'CpuKernel', redispatch)}",
             f'  openreg::HostCall call("{op}", /*accepts_cpu_tensors=*/{accepts});',
             *notes,
             "  call.begin();",
             *written,
-            f"  {keep}at::_ops::{f.func.name.unambiguous_name()}::redispatch({exprs});",
+            f"  {keep}{redispatch}({exprs});",
             "  call.finish();",
         ]
         if ret:

@@ -278,8 +278,8 @@ class _Reader:
                     raise YamlError(
                         loc, f"'{name}' takes a Storage ('{a.name}'); bind it under 'kernels' or leave it to the fallback"
                     )
-            for r, aliased in zip(f.func.returns, f.func.aliased_return_names()):
-                if r.annotation is not None and aliased is None:
+            for r in f.func.returns:
+                if r.annotation is not None and not r.annotation.is_write:
                     raise YamlError(
                         loc,
                         f"'{name}' returns a view of its input; view operators need a kernel that builds the "

@@ -16,7 +16,8 @@ SCRIPT = """
 import torch
 a = torch.ones(4, device="openreg")
 b = a + a
-c = torch.abs(b)
+c = torch.nan_to_num(b)
+e = torch.cumsum(a, 0)
 d = torch.ops.openreg.add_relu(a, b)
 try:
     a.pin_memory()
@@ -49,7 +50,8 @@ def test_each_route_prints_a_line_in_torchs_format():
     routes = {(m["op"], m["route"]) for m in lines}
     assert ("aten::empty.memory_format", "kernel openreg::native::empty_memory_format") in routes
     assert ("aten::add.Tensor", "structured kernel at::native::structured_ufunc_add_CPU") in routes
-    assert ("aten::abs.out", "CPU fallback") in routes
+    assert ("aten::nan_to_num.out", "CPU fallback") in routes
+    assert ("aten::cumsum", "CPU kernel on device memory at::_ops::cumsum::redispatch") in routes
     assert ("openreg::add_relu", "custom op openreg::native::add_relu") in routes
     assert ("aten::_pin_memory", "blocked") in routes
     # Every PrivateUse1 line the script printed is in the expected format.

@@ -130,23 +130,21 @@ def test_kernels_on_different_streams_land_on_different_rows():
     assert on_default.device_resource_id != on_side.device_resource_id
 
 
-def test_kernel_time_leaves_out_the_copies_the_call_issued():
-    # The fallback stages nonzero's freshly allocated result through a host-to-device
-    # copy: the copy is its own event, and the kernel keeps the rest of the call.
+def test_a_fresh_result_is_adopted_without_a_staging_copy():
+    # nonzero's CPU kernel allocates its result while the call redirects CPU
+    # allocations to device memory (OpenRegHostCall.h): the result is adopted,
+    # so the call issues no host-to-device copy and its kernel is all its
+    # device time.
     x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
     d = x.to("openreg")
     p, y = profiled(lambda: torch.nonzero(d))
     assert_close(y.cpu(), torch.nonzero(x))
 
-    (staging,) = device_events(p, "Memcpy")
-    assert staging.name == "Memcpy HtoD"
-    op = linked_op(p, staging)
+    assert device_events(p, "Memcpy") == []
+    (kernel,) = device_events(p, "aten::nonzero")
+    op = linked_op(p, kernel)
     assert op.name == "aten::nonzero"
-    events = sorted(linked_to(p, op), key=lambda e: e.time_range.start)
-    assert {e.name for e in events} == {"aten::nonzero", "Memcpy HtoD"}
-    for earlier, later in zip(events, events[1:]):
-        assert earlier.time_range.end <= later.time_range.start, "device time counted twice"
-    assert op.device_time_total == pytest.approx(elapsed(events))
+    assert op.device_time_total == pytest.approx(elapsed([kernel]))
     assert op.device_time_total <= op.time_range.elapsed_us()
 
 
@@ -226,12 +224,12 @@ def test_chrome_trace_shows_openreg_kernels_and_copies_under_their_device(tmp_pa
     shown = [(e["cat"], e["name"]) for e in device if e["cat"] == "gpu_memcpy" or e["name"].startswith("aten::cumsum")]
     assert shown == [
         ("gpu_memcpy", "Memcpy HtoD"),
-        ("kernel", "aten::cumsum.out"),
+        ("kernel", "aten::cumsum"),
         ("gpu_memcpy", "Memcpy DtoH"),
     ]
     assert {e["pid"] for e in device} == {0}
-    (kernel,) = [e for e in device if e["name"] == "aten::cumsum.out"]
-    assert kernel["args"]["route"] == "CPU fallback"
+    (kernel,) = [e for e in device if e["name"] == "aten::cumsum"]
+    assert kernel["args"]["route"] == "CPU kernel on device memory"
     # Each device event names the CPU op it belongs to by correlation id.
     cpu_ops_by_id = {e["args"]["External id"]: e["name"] for e in events if e.get("cat") == "cpu_op"}
     assert {cpu_ops_by_id[e["args"]["correlation"]] for e in device} == {"aten::_copy_from", "aten::cumsum"}
@@ -254,7 +252,7 @@ def test_device_only_profile_records_unlinked_device_events():
     p, _ = profiled(lambda: torch.cumsum(d, 0).cpu(), activities=[ProfilerActivity.PrivateUse1])
     assert all(e.device_type == DeviceType.PrivateUse1 and e.linked_correlation_id == 0 for e in p.events())
     names = [e.name for e in p.events()]
-    assert "aten::cumsum.out" in names and names[-1] == "Memcpy DtoH"
+    assert "aten::cumsum" in names and names[-1] == "Memcpy DtoH"
 
 
 def test_nothing_is_recorded_outside_a_device_profile():
@@ -293,7 +291,7 @@ def test_device_profile_works_after_a_cpu_only_profile_initialised_kineto():
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "['Memcpy DtoH', 'aten::cumsum.out']"
+    assert result.stdout.strip() == "['Memcpy DtoH', 'aten::cumsum']"
 
 
 def test_consecutive_profiles_each_see_only_their_own_activity():
@@ -328,6 +326,6 @@ def test_autograd_profiler_use_device_with_kineto_records_device_events():
     with torch.autograd.profiler.profile(use_device="openreg", use_kineto=True) as p:
         torch.cumsum(d, 0).cpu()
     device = [e.name for e in p.function_events if e.device_type == DeviceType.PrivateUse1]
-    assert "aten::cumsum.out" in device and device[-1] == "Memcpy DtoH"
+    assert "aten::cumsum" in device and device[-1] == "Memcpy DtoH"
     ops = {e.key: e for e in p.key_averages()}
     assert ops["aten::cumsum"].device_time_total > 0

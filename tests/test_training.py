@@ -45,9 +45,10 @@ def add_relu_on_cpu(a, b):
         ("native add/mul (structured + stub)", lambda a, b: (a + b) * b, None),
         ("structured unary chain", lambda a, b: torch.sigmoid(a).tanh() * b.exp(), None),
         ("reduction", lambda a, b: (a * b).sum(1), None),
-        ("matmul (CPU fallback)", lambda a, b: a @ b.t(), None),
-        ("cumsum (CPU fallback)", lambda a, b: torch.cumsum(a * b, 1), None),
-        ("softmax (CPU fallback)", lambda a, b: torch.softmax(a, 1) * b, None),
+        ("matmul (CPU kernel on device memory)", lambda a, b: a @ b.t(), None),
+        ("cumsum (CPU kernel on device memory)", lambda a, b: torch.cumsum(a * b, 1), None),
+        ("softmax (CPU kernel on device memory)", lambda a, b: torch.softmax(a, 1) * b, None),
+        ("logcumsumexp (CPU fallback)", lambda a, b: torch.logcumsumexp(a * b, 1), None),
         ("views and indexing", lambda a, b: a.t()[1:, ::2] * b.t()[1:, ::2], None),
         ("custom op openreg::add_relu", lambda a, b: torch.ops.openreg.add_relu(a, b, alpha=2.0), add_relu_on_cpu),
     ],
@@ -60,8 +61,9 @@ def test_gradients_equal_cpu_for_every_route(name, fn, cpu_fn):
 def test_the_routes_above_are_what_they_say():
     # If one of these becomes native the test above still passes, but its
     # labels lie; update them (pick another fallback op) when this fails.
-    assert classify("aten::cumsum.out").category == "fallback"
-    assert classify("aten::mm.out").category == "fallback"
+    for op in ("aten::cumsum", "aten::mm", "aten::_softmax"):
+        assert classify(op).served_by.startswith("CPU kernel on device memory"), op
+    assert classify("aten::_logcumsumexp").category == "fallback"
 
 
 def test_gradcheck_in_double_precision():

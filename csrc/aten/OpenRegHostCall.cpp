@@ -1,5 +1,7 @@
 #include "OpenRegHostCall.h"
 
+#include <algorithm>
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
@@ -209,14 +211,22 @@ at::Tensor HostCall::host(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_privateuseone()) {
     return t;
   }
+  for (const auto& [alias, operand] : operands_) {
+    if (operand.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      return alias;
+    }
+  }
   at::Tensor alias = host_alias(t, alias_of(t).host_storage);
-  operands_.emplace_back(alias.unsafeGetTensorImpl(), t);
+  operands_.emplace_back(alias, t);
   return alias;
 }
 
 at::Tensor HostCall::written(const at::Tensor& t) {
   at::Tensor alias = host(t);
-  if (t.defined() && t.device().is_privateuseone()) {
+  const bool known = std::any_of(written_.begin(), written_.end(), [&](const Written& w) {
+    return w.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+  });
+  if (t.defined() && t.device().is_privateuseone() && !known) {
     written_.push_back(Written{t, alias});
   }
   return alias;
@@ -321,7 +331,7 @@ at::Tensor HostCall::result(const at::Tensor& t) {
       " tensor, but openreg supports only strided tensors: run this operator on CPU tensors.");
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   for (const auto& [alias, operand] : operands_) {
-    if (alias == impl) {
+    if (alias.unsafeGetTensorImpl() == impl) {
       return operand; // the operator returned an operand itself (in-place, out=)
     }
   }

@@ -111,8 +111,10 @@ class HostCall {
   c10::DeviceIndex previous_redirect_ = -1;
   c10::SmallVector<Alias, 4> aliases_;
   c10::SmallVector<Written, 2> written_;
-  // (host alias tensor, operand): a result that is an operand itself.
-  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> operands_;
+  // (host alias, operand): one alias per operand, so an operand passed twice
+  // (self and out= of an in-place op) is one tensor for the CPU kernel too,
+  // and a result that is an operand itself returns as that operand.
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> operands_;
 };
 
 } // namespace openreg

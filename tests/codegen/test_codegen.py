@@ -41,7 +41,7 @@ def test_project_yaml_binds_every_required_operator():
 
 def test_second_run_rewrites_nothing(tmp_path):
     first = run(FIXTURE, str(tmp_path))
-    assert len(first) == 9
+    assert len(first) == 10
     mtimes = {p: os.stat(p).st_mtime_ns for p in first}
     assert run(FIXTURE, str(tmp_path)) == []
     assert {p: os.stat(p).st_mtime_ns for p in first} == mtimes
@@ -66,6 +66,7 @@ def test_list_shows_each_binding(capsys):
     assert "stub at::native::add_stub" in text and "stub -> torch's CPU kernel on device memory" in text
     assert "openreg::scale" in text and "custom -> demo::native::scale (meta scale_meta, backward openreg::scale_backward)" in text
     assert "openreg::norm2" in text and "no derivative" in text
+    assert "cat" in text and "cpu kernel -> torch's CPU kernel on device memory" in text
 
 
 def write(tmp_path, text: str) -> str:
@@ -115,6 +116,14 @@ ERROR_CASES = [
     ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    kernel: k\n", 4, "unknown key 'kernel' in a structured entry"),
     ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
      "'neg' is already bound in kernels at line 3"),
+    # cpu_kernels
+    ("cpp_namespace: n\ncpu_kernels:\n  - op: linear\n", 3,
+     "'linear' cannot run a CPU kernel on openreg: it is CompositeImplicitAutograd"),
+    ("cpp_namespace: n\ncpu_kernels:\n  - op: transpose.int\n", 3, "returns a view of its input"),
+    ("cpp_namespace: n\ncpu_kernels:\n  - op: _foreach_add_.Scalar\n", 3, "writes the tensor list 'self'"),
+    ("cpp_namespace: n\ncpu_kernels:\n  - op: mm\n    kernel: k\n", 4, "unknown key 'kernel' in a cpu_kernels entry"),
+    ("cpp_namespace: n\ncpu_kernels:\n  - op: mm\nfallback:\n  ops:\n    - op: mm\n", 6,
+     "'mm' is already bound in cpu_kernels at line 3"),
     # stubs
     ("cpp_namespace: n\nstubs:\n  - stub: neg_stb\n    kernel: k\n", 3, "Did you mean 'neg_stub'"),
     ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n", 3, "needs the key 'kernel'"),
