@@ -16,8 +16,10 @@
 namespace openreg {
 namespace {
 
+// An alias holds a reference to the device StorageImpl itself (no separate
+// keep-alive object to allocate per alias).
 void release_device_storage(void* ctx) {
-  delete static_cast<c10::Storage*>(ctx);
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
 // Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
@@ -117,7 +119,8 @@ c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes) {
 }
 
 c10::Storage host_alias_storage(const c10::Storage& device_storage) {
-  auto* keep_alive = new c10::Storage(device_storage);
+  c10::StorageImpl* keep_alive = device_storage.unsafeGetStorageImpl();
+  c10::raw::intrusive_ptr::incref(keep_alive);
   void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
   c10::DataPtr ptr(data, keep_alive, &release_device_storage, c10::Device(c10::DeviceType::CPU));
   const c10::DeviceIndex index = device_storage.device().has_index() ? device_storage.device().index() : 0;

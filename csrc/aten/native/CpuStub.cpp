@@ -44,6 +44,15 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 } // namespace
 
 void use_kernel_addresses(at::TensorIteratorBase& iter) {
+  // Already done (a structured wrapper's prepare_structured_impl, then the
+  // stub kernel impl() reached): nothing left to translate or join.
+  bool any_device_address = false;
+  for (int64_t arg = 0; arg < iter.ntensors() && !any_device_address; ++arg) {
+    any_device_address = orIsDeviceAddress(IteratorAccess::operand(iter, arg).data);
+  }
+  if (!any_device_address) {
+    return;
+  }
   // CPU reductions build new iterators from the operands' tensors (the
   // two-pass and per-thread paths of TensorIteratorReduce.cpp), which would
   // read device addresses again: give them host aliases as tensors.
