@@ -285,6 +285,12 @@ CASES: tuple[Case, ...] = (
          lambda x: F.max_pool2d(x, 2), large="alloc", calls=1),
     Case("avg_pool2d", "aten::avg_pool2d.out", lambda large: (torch.randn(IMAGE[large]),),
          lambda x: F.avg_pool2d(x, 2), out=aten_out(aten.avg_pool2d.out, [2, 2])),
+    # Operators still on the CPU fallback (no binding in backend_functions.yaml).
+    Case("nan_to_num", "aten::nan_to_num.out", one(vec), torch.nan_to_num,
+         out=aten_out(aten.nan_to_num.out, None, None, None)),
+    Case("logcumsumexp", "aten::_logcumsumexp", one(vec), lambda a, **out: torch.logcumsumexp(a, 0, **out)),
+    Case("kthvalue", "aten::kthvalue.values", one(vec), lambda a, **out: torch.kthvalue(a, 3, **out), calls=1),
+    Case("isnan", "aten::isnan", one(vec), torch.isnan, large="alloc"),
     # Copies: CPU's copy_ between two CPU tensors against the same copy_ to, from, within openreg.
     *(Case(f"copy {kind}", "aten::_copy_from", lambda large: (vec(large), torch.empty(N[large])),
            lambda src, dst: dst.copy_(src), large="in-place", copy=kind) for kind in COPY_KINDS),

@@ -340,3 +340,34 @@ def test_autograd_through_structured_ops():
     (torch.tanh(ca * cb) - cb).exp().sum().backward()
     assert_close(da.grad.cpu(), ca.grad)
     assert_close(db.grad.cpu(), cb.grad)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: torch.arange(16.0, device=d),  # small and dense: a memset
+        lambda d: torch.arange(40000.0, device=d),  # large: fill_
+        lambda d: torch.arange(24.0, device=d).reshape(4, 6).t(),  # dense, permuted
+        lambda d: torch.arange(24.0, device=d)[::3],  # strided: fill_
+        lambda d: torch.arange(6, device=d).to(torch.complex64),
+    ],
+)
+def test_zero_matches_cpu_and_writes_only_the_tensor(make):
+    base_cpu, base_dev = torch.arange(50.0), torch.arange(50.0, device=DEV)
+    expected, actual = make("cpu"), make(DEV)
+    expected.zero_()
+    assert actual.zero_() is actual
+    assert_same(actual, expected)
+    base_dev[::7].zero_()
+    base_cpu[::7].zero_()
+    assert_same(base_dev, base_cpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.complex64, torch.bfloat16])
+def test_abs_kernel_matches_cpu(dtype):
+    x = (torch.randn(5, 4) * 10).to(dtype)
+    assert_same(torch.abs(x.to(DEV)), torch.abs(x))
+    assert_same(torch.abs(x.to(DEV).t()), torch.abs(x.t()))
+    out = torch.empty(0, dtype=torch.abs(x).dtype, device=DEV)
+    assert torch.abs(x.to(DEV), out=out) is out
+    assert_same(out, torch.abs(x))
