@@ -23,7 +23,9 @@ from codegen.model import (
     KernelEntry,
     OpRef,
     StubEntry,
+    aten_registrations,
     trace_scope,
+    wrapper_name,
 )
 from torchgen.api.translate import translate
 from torchgen.api.types import DispatcherSignature, NativeSignature
@@ -43,10 +45,6 @@ def banner(cfg: BackendConfig) -> str:
         f"{os.path.basename(cfg.source)}.\n"
         "// Do not edit: change the yaml and rebuild.\n"
     )
-
-
-def wrapper_name(entry: KernelEntry) -> str:
-    return "wrapper_" + str(entry.name).replace(".", "_")
 
 
 def cpp_string(text: str) -> str:
@@ -155,8 +153,8 @@ def wrapper(
         exprs = translate(dispatcher.arguments(), kernel_signature(entry).arguments(), method=False)
         call = f"{kernel}({', '.join(e.expr for e in exprs)})"
         return f"""// {entry.func.func}
-{dispatcher.defn(name=name or wrapper_name(entry))} {{
-{scope}{device_check(entry, name or wrapper_name(entry))}
+{dispatcher.defn(name=name or wrapper_name(entry.name))} {{
+{scope}{device_check(entry, name or wrapper_name(entry.name))}
 {device_guard(entry)}
   return {call};
 }}"""
@@ -165,7 +163,7 @@ def wrapper(
 def register_kernels(cfg: BackendConfig) -> str:
     wrappers = "\n\n".join(wrapper(cfg, e, None, (f"aten::{e.name}", "Kernel")) for e in cfg.kernels)
     impls = "\n".join(
-        f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e)}));' for e in cfg.kernels
+        f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in cfg.kernels
     )
     math_bits = [e for e in cfg.kernels if e.handles_conj_neg]
     fallthroughs = ""
@@ -193,17 +191,7 @@ def register_kernels(cfg: BackendConfig) -> str:
 
 // The wrappers have the dispatcher's signature (SymInt where the schema has
 // SymInt) and call the kernels with their native signature.
-namespace at {{
-namespace {{
-
-{wrappers}
-
-}} // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
-{impls}
-}}
-{fallthroughs}
+{aten_registrations(wrappers, impls)}{fallthroughs}
 }} // namespace at
 """
 

@@ -13,7 +13,7 @@ allocated.
 
 from __future__ import annotations
 
-from codegen.model import TRACE_HEADER, BackendConfig, CpuKernelEntry, trace_scope
+from codegen.model import TRACE_HEADER, BackendConfig, CpuKernelEntry, aten_registrations, trace_scope, wrapper_name
 from torchgen.api.types import DispatcherSignature
 from torchgen.context import native_function_manager
 from torchgen.model import Argument, BaseTy, BaseType, ListType, OptionalType, Type
@@ -60,10 +60,6 @@ def _host_expr(a: Argument) -> str:
     if kind == "device":
         return f"call.device({a.name})" if isinstance(a.type, OptionalType) else f"*call.device({a.name})"
     return f"call.host({a.name})"
-
-
-def wrapper_name(entry: CpuKernelEntry) -> str:
-    return "wrapper_" + str(entry.name).replace(".", "_")
 
 
 def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
@@ -115,7 +111,7 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         ]
         if ret:
             body.append(ret)
-        return f"// {f.func}\n{sig.defn(name=wrapper_name(entry))} {{\n" + "\n".join(body) + "\n}"
+        return f"// {f.func}\n{sig.defn(name=wrapper_name(entry.name))} {{\n" + "\n".join(body) + "\n}"
 
 
 def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
@@ -125,7 +121,7 @@ def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
         return f"{banner}\n{body}"
     headers = "".join(f"#include <ATen/ops/{root}_ops.h>\n" for root in sorted({e.func.root_name for e in entries}))
     wrappers = "\n\n".join(cpu_kernel_wrapper(e) for e in entries)
-    impls = "\n".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e)}));' for e in entries)
+    impls = "\n".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in entries)
     return f"""{banner}
 // Operators whose own CPU kernel runs on the device memory (cpu_kernels in the
 // yaml): see csrc/aten/OpenRegHostCall.h.
@@ -137,16 +133,6 @@ def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
 #include "{HOST_CALL_HEADER}"
 #include "{TRACE_HEADER}"
 
-namespace at {{
-namespace {{
-
-{wrappers}
-
-}} // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
-{impls}
-}}
-
+{aten_registrations(wrappers, impls)}
 }} // namespace at
 """

@@ -33,6 +33,27 @@ def trace_scope(op: str, route: str, kernel: str) -> str:
     return f'const {TRACE_NAMESPACE}::Scope trace_scope("{op}", {TRACE_NAMESPACE}::Route::{route}, "{kernel}");'
 
 
+def wrapper_name(op: object) -> str:
+    """The generated wrapper of an aten operator: add.out -> wrapper_add_out."""
+    return "wrapper_" + str(op).replace(".", "_")
+
+
+def aten_registrations(wrappers: str, impls: str) -> str:
+    """Wrappers in an anonymous namespace and their PrivateUse1 registrations,
+    inside `namespace at` (which the caller closes)."""
+    return f"""namespace at {{
+namespace {{
+
+{wrappers}
+
+}} // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
+{impls}
+}}
+"""
+
+
 @dataclass(frozen=True)
 class Location:
     file: str
