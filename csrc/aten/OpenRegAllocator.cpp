@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <unordered_set>
+#include <vector>
 
 #include <c10/core/DeviceGuard.h>
 
@@ -42,6 +43,7 @@ constexpr size_t kSmallBuffer = size_t{2} << 20;
 constexpr size_t kLargeBuffer = size_t{20} << 20;
 constexpr size_t kMinLargeAlloc = size_t{10} << 20;
 constexpr size_t kRoundLarge = size_t{2} << 20;
+constexpr size_t kSpareBlocks = 64; // Block objects kept for reuse per device
 
 struct Block;
 
@@ -222,15 +224,54 @@ class DeviceCache {
     }
   }
 
-  static Block* take_cached(Pool& pool, c10::StreamId stream, size_t size) {
+  Block* take_cached(Pool& pool, c10::StreamId stream, size_t size) {
     Block key(0, stream, size, nullptr, &pool);
     auto it = pool.free.lower_bound(&key);
     if (it == pool.free.end() || (*it)->stream != stream) {
       return nullptr;
     }
     Block* block = *it;
-    pool.free.erase(it);
+    spare_node_ = pool.free.extract(it);
     return block;
+  }
+
+  // The free sets and Block objects change at every small allocation (a
+  // split) and free (a merge): their nodes and objects are recycled rather
+  // than allocated each time, which is most of what a small allocation costs.
+  void insert_free(Pool& pool, Block* block) {
+    if (spare_node_.empty()) {
+      pool.free.insert(block);
+      return;
+    }
+    spare_node_.value() = block;
+    pool.free.insert(std::move(spare_node_));
+  }
+
+  bool take_free(Pool& pool, Block* block) {
+    auto it = pool.free.find(block);
+    if (it == pool.free.end()) {
+      return false;
+    }
+    spare_node_ = pool.free.extract(it);
+    return true;
+  }
+
+  Block* make_block(c10::StreamId stream, size_t size, void* ptr, Pool* pool) {
+    if (spare_blocks_.empty()) {
+      return new Block(device_, stream, size, ptr, pool);
+    }
+    Block* block = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    *block = Block(device_, stream, size, ptr, pool);
+    return block;
+  }
+
+  void retire_block(Block* block) {
+    if (spare_blocks_.size() < kSpareBlocks) {
+      spare_blocks_.push_back(block);
+    } else {
+      delete block;
+    }
   }
 
   Block* new_segment(Pool& pool, c10::StreamId stream, size_t size, size_t requested) {
@@ -254,7 +295,7 @@ class DeviceCache {
       stats_.segment[t].increase(1);
       stats_.reserved_bytes[t].increase(bytes);
     }
-    return new Block(device_, stream, bytes, ptr, &pool);
+    return make_block(stream, bytes, ptr, &pool);
   }
 
   orError device_malloc(void** ptr, size_t bytes) {
@@ -293,7 +334,7 @@ class DeviceCache {
     if (!split) {
       return block;
     }
-    auto* rest = new Block(device_, block->stream, remaining, static_cast<char*>(block->ptr) + size, block->pool);
+    Block* rest = make_block(block->stream, remaining, static_cast<char*>(block->ptr) + size, block->pool);
     rest->prev = block;
     rest->next = block->next;
     if (rest->next != nullptr) {
@@ -301,7 +342,7 @@ class DeviceCache {
     }
     block->next = rest;
     block->size = size;
-    block->pool->free.insert(rest);
+    insert_free(*block->pool, rest);
     return block;
   }
 
@@ -313,14 +354,14 @@ class DeviceCache {
     }
     for (Block* neighbour : {block->prev, block->next}) {
       if (neighbour != nullptr && !neighbour->allocated && neighbour->pending_events == 0 &&
-          block->pool->free.erase(neighbour) == 1) {
+          take_free(*block->pool, neighbour)) {
         merge(block, neighbour);
       }
     }
-    block->pool->free.insert(block);
+    insert_free(*block->pool, block);
   }
 
-  static void merge(Block* into, Block* other) {
+  void merge(Block* into, Block* other) {
     if (other == into->prev) {
       into->ptr = other->ptr;
       into->prev = other->prev;
@@ -334,7 +375,7 @@ class DeviceCache {
       }
     }
     into->size += other->size;
-    delete other;
+    retire_block(other);
   }
 
   void process_events() {
@@ -391,6 +432,8 @@ class DeviceCache {
   Pool large_{false};
   std::deque<DeletedEvent> events_;
   DeviceStats stats_;
+  std::set<Block*, BlockOrder>::node_type spare_node_;
+  std::vector<Block*> spare_blocks_;
 };
 
 class OpenRegAllocator final : public c10::DeviceAllocator {
