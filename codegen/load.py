@@ -274,7 +274,8 @@ class _Reader:
                         f"'{name}' writes the tensor list '{a.name}', which cpu_kernels entries do not "
                         "support; leave it to the fallback",
                     )
-                if "Storage" in str(a.type):
+                base = a.type.elem if isinstance(a.type, OptionalType) else a.type
+                if isinstance(base, BaseType) and base.name == BaseTy.Storage:
                     raise YamlError(
                         loc, f"'{name}' takes a Storage ('{a.name}'); bind it under 'kernels' or leave it to the fallback"
                     )

@@ -121,6 +121,7 @@ ERROR_CASES = [
      "'linear' cannot run a CPU kernel on openreg: it is CompositeImplicitAutograd"),
     ("cpp_namespace: n\ncpu_kernels:\n  - op: transpose.int\n", 3, "returns a view of its input"),
     ("cpp_namespace: n\ncpu_kernels:\n  - op: _foreach_add_.Scalar\n", 3, "writes the tensor list 'self'"),
+    ("cpp_namespace: n\ncpu_kernels:\n  - op: set_.source_Storage\n", 3, "takes a Storage ('source')"),
     ("cpp_namespace: n\ncpu_kernels:\n  - op: mm\n    kernel: k\n", 4, "unknown key 'kernel' in a cpu_kernels entry"),
     ("cpp_namespace: n\ncpu_kernels:\n  - op: mm\nfallback:\n  ops:\n    - op: mm\n", 6,
      "'mm' is already bound in cpu_kernels at line 3"),
