@@ -1,11 +1,14 @@
-"""Operators bound under `cpu_kernels` in backend_functions.yaml (their own CPU
-kernel runs on the device memory through a generated HostCall wrapper) against
-CPU, over PyTorch's OpInfo samples: contiguous and non-contiguous inputs, the
+"""Operators whose torch CPU code runs on the device memory, against CPU:
+those bound under `cpu_kernels` in backend_functions.yaml (their own CPU kernel
+runs through a generated HostCall wrapper), and the `kernels` entries that call
+torch's device-generic implementation (csrc/aten/native/DeviceGeneric.cpp,
+whose stubs run CPU kernels). Over PyTorch's OpInfo samples: contiguous and non-contiguous inputs, the
 in-place and out= variants (an empty out= is resized, an out= of the wrong
 dtype raises like CPU), zero-size inputs, and gradients. Each sample must
-reach the generated wrapper, not the CPU fallback."""
+reach openreg's kernel, not the CPU fallback."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -25,6 +28,17 @@ SAMPLES = 4
 CONFIG = load(os.path.join(ROOT, "backend_functions.yaml"))
 BOUND = sorted(str(c.name) for c in CONFIG.cpu_kernels)
 
+
+def device_generic_kernels() -> dict[str, str]:
+    """The `kernels` entries defined in DeviceGeneric.cpp: operator -> kernel."""
+    with open(os.path.join(ROOT, "csrc", "aten", "native", "DeviceGeneric.cpp")) as f:
+        source = f.read()
+    defined = set(re.findall(r"^at::Tensor&? (\w+)\(", source, flags=re.M))
+    return {str(k.name): k.kernel for k in CONFIG.kernels if k.kernel in defined}
+
+
+GENERIC = device_generic_kernels()
+
 # OpInfos whose name is not the bound operator's, by the operator they reach.
 REACHES = {
     "nn.functional.conv2d": "convolution",
@@ -42,11 +56,11 @@ REACHES = {
     "log_softmax": "_log_softmax",
     "matmul": "mm",
     "linalg.vector_norm": "linalg_vector_norm",
-    "masked_fill": "masked_fill",
+    "masked_fill": "masked_fill_",  # CompositeExplicitAutograd: clone, then masked_fill_
     "index_put": "index_put",
     "__getitem__": "index",
 }
-ROOTS = {name.split(".")[0] for name in BOUND}
+ROOTS = {name.split(".")[0] for name in [*BOUND, *GENERIC]}
 
 
 def reached(op) -> str:
@@ -86,9 +100,21 @@ def test_bound_operator_is_served_by_the_generated_wrapper(name):
     assert report.served_by.startswith("CPU kernel on device memory"), report
 
 
+def test_device_generic_kernels_are_found():
+    assert {"relu", "where.self", "logical_and.out", "masked_fill_.Scalar", "uniform_", "abs.out"} <= set(GENERIC)
+
+
+@pytest.mark.parametrize("name", sorted(GENERIC))
+def test_device_generic_operator_is_served_by_its_kernel(name):
+    report = classify(f"aten::{name}")
+    assert report.category == "native", report
+    assert f"openreg::native::{GENERIC[name]}" in report.served_by, report
+
+
 def test_bound_roots_have_opinfo_samples_or_are_listed_here():
-    """An operator bound under cpu_kernels is checked by an OpInfo, by the
-    tables of this file, or by another test named here."""
+    """An operator bound under cpu_kernels or a device-generic kernel is
+    checked by an OpInfo, by the tables of this file, or by another test named
+    here."""
     covered = {reached(op) for op in OPINFOS}
     elsewhere = {
         # tests/test_generators.py draws each against CPU's stream of the same seed.
@@ -103,7 +129,7 @@ def test_bound_roots_have_opinfo_samples_or_are_listed_here():
         "arange", "linspace",
         # in-place or out= forms of covered operators, run with their OpInfo's variants.
         "cumsum_", "addmm_", "baddbmm_", "scatter_", "scatter_add_", "scatter_reduce_", "index_put_",
-        "masked_fill_", "hardtanh_", "relu_", "index_add_", "index_copy_", "index_fill_", "masked_scatter_",
+        "hardtanh_", "relu_", "index_add_", "index_copy_", "index_fill_", "masked_scatter_",
         "_index_put_impl_",
     }
     missing = ROOTS - covered - elsewhere

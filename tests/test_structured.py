@@ -36,7 +36,7 @@ UNARY = {
     "tanh.out": torch.tanh,
 }
 REDUCTIONS = {
-    "sum.IntList_out": lambda a: torch.sum(a, dim=1),
+    "prod.int_out": lambda a: torch.prod(a, dim=1),
     "max.dim_max": lambda a: torch.max(a, dim=1),
     "eq.Scalar_out": lambda a: torch.eq(a, 1.0),
 }
@@ -61,7 +61,7 @@ STUB_REACHED_BY = {
     "maximum_stub": "maximum.out", "minimum_stub": "minimum.out", "heaviside_stub": "heaviside.out",
     "eq_stub": "eq.Tensor_out", "lt_stub": "lt.Tensor_out", "pow_tensor_tensor_stub": "pow.Tensor_Tensor_out",
     "neg_stub": "neg.out", "exp_stub": "exp.out", "sqrt_stub": "sqrt.out", "sigmoid_stub": "sigmoid.out",
-    "tanh_stub": "tanh.out", "sum_stub": "sum.IntList_out", "max_stub": "max.dim_max", "fill_stub": "fill_.Scalar",
+    "tanh_stub": "tanh.out", "prod_stub": "prod.int_out", "max_stub": "max.dim_max", "fill_stub": "fill_.Scalar",
 }
 
 CONFIG = load(os.path.join(ROOT, "backend_functions.yaml"))

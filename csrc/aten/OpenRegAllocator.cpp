@@ -11,6 +11,11 @@
 // - a block is only reused on the stream it was allocated on, so work queued
 //   on that stream is ordered before the new owner's; record_stream adds
 //   streams whose queued work must finish (tracked with events) before reuse;
+// - a freed small block is first kept whole, unmerged, in a short list; a
+//   request of its exact rounded size on its stream takes it back without the
+//   free set's lookup, split and merge (what makes small tensors cheap). The
+//   list goes back into the free set before a new segment is made and before
+//   segments are released, so it never makes the cache grow;
 // - when the runtime is out of memory, cached segments are released and the
 //   request retried once; then torch.OutOfMemoryError.
 #include "OpenRegAllocator.h"
@@ -44,6 +49,7 @@ constexpr size_t kLargeBuffer = size_t{20} << 20;
 constexpr size_t kMinLargeAlloc = size_t{10} << 20;
 constexpr size_t kRoundLarge = size_t{2} << 20;
 constexpr size_t kSpareBlocks = 64; // Block objects kept for reuse per device
+constexpr size_t kRecentBlocks = 16; // freed small blocks kept whole per device
 
 struct Block;
 
@@ -126,18 +132,27 @@ struct DeletedEvent {
 // Everything the allocator knows of one device, under one mutex.
 class DeviceCache {
  public:
-  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {
+    recent_.reserve(kRecentBlocks);
+  }
 
   Block* allocate(size_t requested, c10::StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     process_events();
     const size_t size = round_size(requested);
     Pool& pool = size <= kSmallSize ? small_ : large_;
-    Block* block = take_cached(pool, stream, size);
+    Block* block = pool.small ? take_recent(stream, size) : nullptr;
     if (block == nullptr) {
-      block = new_segment(pool, stream, size, requested);
+      block = take_cached(pool, stream, size);
+      if (block == nullptr && !recent_.empty()) {
+        return_recent();
+        block = take_cached(pool, stream, size);
+      }
+      if (block == nullptr) {
+        block = new_segment(pool, stream, size, requested);
+      }
+      block = maybe_split(block, size);
     }
-    block = maybe_split(block, size);
     block->allocated = true;
     block->requested = requested;
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
@@ -172,7 +187,16 @@ class DeviceCache {
       block->stream_uses.clear();
       return;
     }
-    release_to_pool(block);
+    deactivate(*block);
+    if (!block->pool->small) {
+      merge_into_pool(block);
+      return;
+    }
+    if (recent_.size() == kRecentBlocks) {
+      merge_into_pool(recent_.front());
+      recent_.erase(recent_.begin());
+    }
+    recent_.push_back(block);
   }
 
   void record_stream(Block* block, c10::StreamId stream) {
@@ -222,6 +246,27 @@ class DeviceCache {
         fn(stat);
       }
     }
+  }
+
+  // The most recently freed small block of exactly `size` bytes on `stream`.
+  Block* take_recent(c10::StreamId stream, size_t size) {
+    for (size_t i = recent_.size(); i-- > 0;) {
+      Block* block = recent_[i];
+      if (block->size == size && block->stream == stream) {
+        recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(i));
+        return block;
+      }
+    }
+    return nullptr;
+  }
+
+  // Puts the recently freed blocks into the free set, merged with their free
+  // neighbours.
+  void return_recent() {
+    for (Block* block : recent_) {
+      merge_into_pool(block);
+    }
+    recent_.clear();
   }
 
   Block* take_cached(Pool& pool, c10::StreamId stream, size_t size) {
@@ -346,12 +391,20 @@ class DeviceCache {
     return block;
   }
 
-  void release_to_pool(Block* block) {
-    for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
+  void deactivate(const Block& block) {
+    for (StatType type : {StatType::AGGREGATE, pool_type(*block.pool)}) {
       const auto t = static_cast<size_t>(type);
       stats_.active[t].decrease(1);
-      stats_.active_bytes[t].decrease(block->size);
+      stats_.active_bytes[t].decrease(block.size);
     }
+  }
+
+  void release_to_pool(Block* block) {
+    deactivate(*block);
+    merge_into_pool(block);
+  }
+
+  void merge_into_pool(Block* block) {
     for (Block* neighbour : {block->prev, block->next}) {
       if (neighbour != nullptr && !neighbour->allocated && neighbour->pending_events == 0 &&
           take_free(*block->pool, neighbour)) {
@@ -406,6 +459,7 @@ class DeviceCache {
   }
 
   void release_cached() {
+    return_recent();
     for (Pool* pool : {&small_, &large_}) {
       for (auto it = pool->free.begin(); it != pool->free.end();) {
         Block* block = *it;
@@ -434,6 +488,7 @@ class DeviceCache {
   DeviceStats stats_;
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;
+  std::vector<Block*> recent_; // freed small blocks, not merged, oldest first
 };
 
 class OpenRegAllocator final : public c10::DeviceAllocator {
@@ -445,12 +500,15 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
   }
 
   c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex device = current_device();
+    return allocate_on(current_device(), nbytes);
+  }
+
+  c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
     const c10::Device where(c10::DeviceType::PrivateUse1, device);
     if (nbytes == 0) {
       return {nullptr, nullptr, &delete_block, where};
     }
-    Block* block = caches_[device]->allocate(nbytes, current_stream(device).id());
+    Block* block = caches_[device]->allocate(nbytes, current_stream_id(device));
     return {block->ptr, block, &delete_block, where};
   }
 
@@ -540,6 +598,10 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator_instance());
 
 c10::DeviceAllocator* device_allocator() {
   return &allocator_instance();
+}
+
+c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
+  return allocator_instance().allocate_on(device, nbytes);
 }
 
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes) {

@@ -10,6 +10,10 @@ namespace openreg {
 
 c10::DeviceAllocator* device_allocator();
 
+// device_allocator()->allocate(nbytes) on openreg:`device` (a valid index)
+// instead of the current device, without switching devices.
+c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
+
 // Grows or shrinks a device storage to `new_nbytes`, keeping its contents (as
 // resize_bytes_cpu does for CPU, but moving bytes with the runtime's memcpy).
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);

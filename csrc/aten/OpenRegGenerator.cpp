@@ -80,4 +80,17 @@ at::Generator new_generator(c10::DeviceIndex device_index) {
   return at::make_generator<OpenRegGeneratorImpl>(index);
 }
 
+at::Generator cpu_generator_for(
+    const std::optional<at::Generator>& generator,
+    c10::DeviceIndex device_index,
+    const char* op) {
+  if (!generator.has_value() || !generator->defined()) {
+    return default_generator(device_index).get<OpenRegGeneratorImpl>()->cpu_generator();
+  }
+  TORCH_CHECK(
+      generator->device().is_privateuseone(), "Expected a 'openreg' device type for generator but found '",
+      generator->device().type(), "' (", op, "): pass torch.Generator(device=\"openreg\"), or no generator.");
+  return generator->get<OpenRegGeneratorImpl>()->cpu_generator();
+}
+
 } // namespace openreg

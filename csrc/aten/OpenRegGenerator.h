@@ -6,6 +6,8 @@
 // device's generator and torch.openreg.manual_seed makes them reproducible.
 #pragma once
 
+#include <optional>
+
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>
 
@@ -38,6 +40,15 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
 };
 
 const at::Generator& default_generator(c10::DeviceIndex device_index);
+
+// The CPU generator a CPU kernel must draw from for openreg tensors of
+// `device_index`: an openreg generator's own, or with none given the device's
+// default one. A generator of another device raises, as CUDA's
+// check_generator does; `op` names the operator in that message.
+at::Generator cpu_generator_for(
+    const std::optional<at::Generator>& generator,
+    c10::DeviceIndex device_index,
+    const char* op);
 at::Generator new_generator(c10::DeviceIndex device_index);
 
 } // namespace openreg

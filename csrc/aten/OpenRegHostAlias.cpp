@@ -1,14 +1,17 @@
 #include "OpenRegHostAlias.h"
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/TensorBase.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/SmallVector.h>
 
 #include "aten/OpenRegAllocator.h"
 #include "runtime/OpenRegRuntime.h"
@@ -25,10 +28,31 @@ void release_device_storage(void* ctx) {
 // Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
 // by kernel address. The CPU DataPtrs have their data as context, as
 // Allocator::raw_allocate requires (mkldnn and others allocate raw memory
-// through the CPU allocator while a HostCall redirects it).
+// through the CPU allocator while a HostCall redirects it). Entries live from
+// a kernel's allocation to its result's adoption (or the kernel freeing a
+// temporary), so there are few: a flat list, searched from its newest end.
+// A lock for the registry's short critical sections (a search and a move,
+// nothing freed inside): taking it when free is one atomic exchange, where a
+// std::mutex costs a lock and an unlock call twice per kernel call here
+// (adding an allocation, taking it back).
+class SpinLock {
+ public:
+  void lock() noexcept {
+    while (busy_.test_and_set(std::memory_order_acquire)) {
+      std::this_thread::yield();
+    }
+  }
+  void unlock() noexcept {
+    busy_.clear(std::memory_order_release);
+  }
+
+ private:
+  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+};
+
 struct HostVisible {
-  std::mutex mutex;
-  std::unordered_map<void*, c10::DataPtr> memory;
+  SpinLock lock;
+  std::vector<std::pair<void*, c10::DataPtr>> memory;
 };
 
 HostVisible& host_visible() {
@@ -38,14 +62,18 @@ HostVisible& host_visible() {
 
 std::optional<c10::DataPtr> take_host_visible(void* data) {
   HostVisible& r = host_visible();
-  const std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.memory.find(data);
-  if (it == r.memory.end()) {
-    return std::nullopt;
+  const std::lock_guard<SpinLock> lock(r.lock);
+  for (size_t i = r.memory.size(); i-- > 0;) {
+    if (r.memory[i].first == data) {
+      c10::DataPtr device = std::move(r.memory[i].second);
+      if (i + 1 != r.memory.size()) {
+        r.memory[i] = std::move(r.memory.back());
+      }
+      r.memory.pop_back();
+      return device;
+    }
   }
-  c10::DataPtr device = std::move(it->second);
-  r.memory.erase(it);
-  return device;
+  return std::nullopt;
 }
 
 void keep_taken(void* /*data*/) {}
@@ -90,6 +118,15 @@ GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
   return &allocators.at(static_cast<size_t>(index));
 }
 
+// Host alias objects that nothing references any more, for reuse on this
+// thread (recycle_host_alias, recycle_host_alias_storage).
+constexpr size_t kRecycled = 8;
+struct Recycled {
+  c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> tensors;
+  c10::SmallVector<c10::intrusive_ptr<c10::StorageImpl>, kRecycled> storages;
+};
+thread_local Recycled recycled;
+
 } // namespace
 
 namespace {
@@ -104,16 +141,15 @@ bool release_host_visible(void* data) {
 }
 
 c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes) {
-  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
-  c10::DataPtr device = device_allocator()->allocate(nbytes);
+  c10::DataPtr device = allocate_on(index, nbytes);
   if (device.get() == nullptr) {
     return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
   }
   void* data = orKernelAddress(device.get());
   {
     HostVisible& r = host_visible();
-    const std::lock_guard<std::mutex> lock(r.mutex);
-    r.memory.emplace(data, std::move(device));
+    const std::lock_guard<SpinLock> lock(r.lock);
+    r.memory.emplace_back(data, std::move(device));
   }
   return c10::DataPtr(data, data, &delete_host_visible, c10::Device(c10::DeviceType::CPU));
 }
@@ -124,9 +160,43 @@ c10::Storage host_alias_storage(const c10::Storage& device_storage) {
   void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
   c10::DataPtr ptr(data, keep_alive, &release_device_storage, c10::Device(c10::DeviceType::CPU));
   const c10::DeviceIndex index = device_storage.device().has_index() ? device_storage.device().index() : 0;
+  if (!recycled.storages.empty()) {
+    c10::intrusive_ptr<c10::StorageImpl> impl = std::move(recycled.storages.back());
+    recycled.storages.pop_back();
+    impl->set_data_ptr_noswap(std::move(ptr));
+    impl->set_nbytes(device_storage.nbytes());
+    impl->set_allocator(growth_allocator(index));
+    return c10::Storage(std::move(impl));
+  }
   return c10::Storage(
       c10::Storage::use_byte_size_t(), device_storage.nbytes(), std::move(ptr),
       growth_allocator(index), /*resizable=*/true);
+}
+
+void recycle_host_alias(at::Tensor&& alias) {
+  if (!alias.defined() || alias.use_count() != 1 || alias.weak_use_count() != 1 ||
+      recycled.tensors.size() == kRecycled) {
+    return;
+  }
+  c10::intrusive_ptr<c10::TensorImpl> impl = alias.getIntrusivePtr();
+  alias.reset();
+  impl->release_resources(); // drops the storage (and anything a kernel attached)
+  recycled.tensors.push_back(std::move(impl));
+}
+
+void recycle_host_alias_storage(c10::Storage&& host_storage) {
+  c10::StorageImpl* impl = host_storage.unsafeGetStorageImpl();
+  // Only a storage still over the operand's memory: one a kernel resized owns
+  // other memory (take_grown_device_memory).
+  if (impl == nullptr || host_storage.use_count() != 1 || c10::raw::weak_intrusive_ptr::use_count(impl) != 1 ||
+      impl->data_ptr().get_deleter() != &release_device_storage || !impl->resizable() ||
+      recycled.storages.size() == kRecycled) {
+    return;
+  }
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU))); // the device memory's reference
+  impl->set_nbytes(0);
+  recycled.storages.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+  host_storage = c10::Storage();
 }
 
 std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage) {
@@ -138,9 +208,17 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
   return take_host_visible(ptr.get());
 }
 
-at::Tensor host_alias(const at::Tensor& t, const c10::Storage& host_storage) {
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
+  at::Tensor alias;
+  if (!recycled.tensors.empty()) {
+    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(recycled.tensors.back());
+    recycled.tensors.pop_back();
+    impl->set_storage_and_dtype(host_storage, t.dtype());
+    alias = at::Tensor(std::move(impl));
+  } else {
+    alias = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  }
   alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   alias._set_conj(t.is_conj());
   alias._set_neg(t.is_neg());

@@ -36,10 +36,38 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
 
 // A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over
 // `host_storage` (from host_alias_storage(t.storage())).
-at::Tensor host_alias(const at::Tensor& t, const c10::Storage& host_storage);
+at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage);
 
 inline at::Tensor host_alias(const at::Tensor& t) {
   return host_alias(t, host_alias_storage(t.storage()));
 }
+
+// Hands a host alias (from host_alias) and then its storage (from
+// host_alias_storage) back once the caller is done with them. Objects nothing
+// else references are kept, per thread, for the next host_alias /
+// host_alias_storage, so a kernel call on small tensors does not allocate and
+// construct a CPU TensorImpl and StorageImpl per operand. The device memory
+// is released at once either way.
+void recycle_host_alias(at::Tensor&& alias);
+void recycle_host_alias_storage(c10::Storage&& host_storage);
+
+// A host alias of `t` for the length of a kernel call, recycled afterwards.
+class ScopedHostAlias {
+ public:
+  explicit ScopedHostAlias(const at::TensorBase& t) : storage_(host_alias_storage(t.storage())), alias_(host_alias(t, storage_)) {}
+  ScopedHostAlias(const ScopedHostAlias&) = delete;
+  ScopedHostAlias& operator=(const ScopedHostAlias&) = delete;
+  ~ScopedHostAlias() {
+    recycle_host_alias(std::move(alias_));
+    recycle_host_alias_storage(std::move(storage_));
+  }
+  const at::Tensor& get() const {
+    return alias_;
+  }
+
+ private:
+  c10::Storage storage_;
+  at::Tensor alias_;
+};
 
 } // namespace openreg

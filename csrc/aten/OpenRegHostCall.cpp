@@ -95,12 +95,13 @@ at::Tensor device_tensor_on(
 
 } // namespace
 
-HostCall::HostCall(const char* op, bool accepts_cpu_tensors) : op_(op), accepts_cpu_tensors_(accepts_cpu_tensors) {
+HostCall::HostCall(const char* op, bool accepts_cpu_tensors)
+    : op_(op), accepts_cpu_tensors_(accepts_cpu_tensors), borrows_operands_(true) {
   (void)installed;
 }
 
 HostCall::HostCall(const c10::OperatorName& op, bool accepts_cpu_tensors)
-    : op_name_(&op), accepts_cpu_tensors_(accepts_cpu_tensors) {}
+    : op_name_(&op), accepts_cpu_tensors_(accepts_cpu_tensors), borrows_operands_(false) {}
 
 std::string HostCall::op_name() const {
   return op_name_ != nullptr ? c10::toString(*op_name_) : std::string(op_);
@@ -109,6 +110,17 @@ std::string HostCall::op_name() const {
 HostCall::~HostCall() {
   if (redirecting_) {
     redirect_device = previous_redirect_;
+  }
+  // The CPU kernel's tensors are gone: host alias objects nothing kept are
+  // reused by the next call on this thread.
+  for (auto& [alias, operand] : operands_) {
+    recycle_host_alias(std::move(alias));
+  }
+  operands_.clear();
+  for (Alias& a : aliases_) {
+    if (a.device_storage_impl != nullptr) {
+      recycle_host_alias_storage(std::move(a.host_storage));
+    }
   }
 }
 
@@ -188,7 +200,9 @@ void HostCall::begin() {
   if (!device_) {
     return; // CPU tensors only (a fallback reached through a CPU generator or storage)
   }
-  guard_.emplace(*device_);
+  if (peek_current_device() != device_->index()) {
+    guard_.emplace(*device_);
+  }
   join_current_stream(device_->index());
   previous_redirect_ = redirect_device;
   redirect_device = device_->index();
@@ -204,30 +218,34 @@ const HostCall::Alias& HostCall::alias_of(const at::Tensor& t) {
   }
   // One host alias per device storage, so operands that share memory still
   // share it on the host and results can be traced back to their operand.
-  return aliases_.emplace_back(Alias{impl, t.storage(), host_alias_storage(t.storage()), t.key_set()});
+  return aliases_.emplace_back(Alias{impl, c10::Storage(), host_alias_storage(t.storage()), t.key_set()});
 }
 
 at::Tensor HostCall::host(const at::Tensor& t) {
+  return host(t, borrows_operands_);
+}
+
+at::Tensor HostCall::host(const at::Tensor& t, bool borrow) {
   if (!t.defined() || !t.device().is_privateuseone()) {
     return t;
   }
   for (const auto& [alias, operand] : operands_) {
-    if (operand.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+    if (operand->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
       return alias;
     }
   }
   at::Tensor alias = host_alias(t, alias_of(t).host_storage);
-  operands_.emplace_back(alias, t);
+  operands_.emplace_back(alias, keep(t, borrow));
   return alias;
 }
 
 at::Tensor HostCall::written(const at::Tensor& t) {
   at::Tensor alias = host(t);
   const bool known = std::any_of(written_.begin(), written_.end(), [&](const Written& w) {
-    return w.device_tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+    return w.device_tensor->unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
   });
   if (t.defined() && t.device().is_privateuseone() && !known) {
-    written_.push_back(Written{t, alias});
+    written_.push_back(Written{keep(t, borrows_operands_), alias});
   }
   return alias;
 }
@@ -252,7 +270,8 @@ c10::List<std::optional<at::Tensor>> HostCall::host(const c10::List<std::optiona
   c10::List<std::optional<at::Tensor>> out;
   out.reserve(tensors.size());
   for (const std::optional<at::Tensor>& t : tensors) {
-    out.push_back(host(t));
+    // `t` is a temporary (c10::List converts its elements): own the operand.
+    out.push_back(t.has_value() ? std::optional<at::Tensor>(host(*t, /*borrow=*/false)) : std::nullopt);
   }
   return out;
 }
@@ -293,7 +312,7 @@ void HostCall::finish() {
 // A written operand whose host alias the CPU kernel resized or restrided: give
 // the device tensor the same storage size, bytes and geometry.
 void HostCall::write_back(const Written& w) {
-  c10::TensorImpl* device_impl = w.device_tensor.unsafeGetTensorImpl();
+  c10::TensorImpl* device_impl = w.device_tensor->unsafeGetTensorImpl();
   c10::TensorImpl* alias_impl = w.alias.unsafeGetTensorImpl();
   const c10::Storage& host = alias_impl->storage();
   c10::StorageImpl* device_storage = device_impl->storage().unsafeGetStorageImpl();
@@ -332,7 +351,7 @@ at::Tensor HostCall::result(const at::Tensor& t) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   for (const auto& [alias, operand] : operands_) {
     if (alias.unsafeGetTensorImpl() == impl) {
-      return operand; // the operator returned an operand itself (in-place, out=)
+      return *operand; // the operator returned an operand itself (in-place, out=)
     }
   }
   c10::StorageImpl* host = t.storage().unsafeGetStorageImpl();
@@ -341,15 +360,29 @@ at::Tensor HostCall::result(const at::Tensor& t) {
       // A view of an operand: a view of the operand's device storage, with the
       // operand's dispatch keys (as the ImplType::VIEW constructor expects).
       // Or another result on the fresh memory of an earlier one.
-      const bool of_operand = a.device_storage_impl != nullptr;
-      return device_tensor_on(a.device_storage, t, of_operand ? std::optional(a.keys) : std::nullopt);
+      if (a.device_storage_impl != nullptr) {
+        return device_tensor_on(
+            c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(a.device_storage_impl)), t, a.keys);
+      }
+      return device_tensor_on(a.device_storage, t, std::nullopt);
     }
   }
   // Fresh memory. If the kernel allocated it while begin() redirected CPU
   // allocations, it is already device memory; otherwise (another thread or
   // allocator) it is copied.
+  std::optional<c10::DataPtr> device_memory = take_grown_device_memory(t.storage());
+  if (device_memory.has_value() && t.use_count() == 1 && t.weak_use_count() == 1 && t.storage().use_count() == 1) {
+    // Nothing else holds the kernel's result (the usual case): it becomes the
+    // openreg tensor itself, its storage now owning the device memory.
+    host->set_data_ptr_noswap(std::move(*device_memory));
+    host->set_allocator(device_allocator());
+    impl->set_storage_keep_dtype(t.storage());
+    impl->_change_backend_component_keys(*device_);
+    aliases_.emplace_back(Alias{nullptr, t.storage(), t.storage(), c10::DispatchKeySet()});
+    return t;
+  }
   c10::Storage storage;
-  if (std::optional<c10::DataPtr> device_memory = take_grown_device_memory(t.storage())) {
+  if (device_memory.has_value()) {
     storage = c10::Storage(
         c10::Storage::use_byte_size_t(), host->nbytes(), std::move(*device_memory), device_allocator(),
         /*resizable=*/true);

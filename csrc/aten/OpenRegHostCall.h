@@ -31,6 +31,7 @@
 #include <ATen/core/List.h>
 #include <ATen/core/operator_name.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/MaybeOwned.h>
 #include <c10/util/SmallVector.h>
 
 namespace openreg {
@@ -80,8 +81,9 @@ class HostCall {
   }
 
  private:
-  // A device storage and its host alias: an operand's, or (with a null
-  // device_storage_impl) the fresh memory of a result.
+  // A device storage and its host alias: an operand's (device_storage_impl,
+  // kept alive by the operand), or the fresh memory of a result
+  // (device_storage, with a null device_storage_impl).
   struct Alias {
     c10::StorageImpl* device_storage_impl;
     c10::Storage device_storage;
@@ -89,18 +91,29 @@ class HostCall {
     c10::DispatchKeySet keys; // of the first operand on this storage, for views
   };
   struct Written {
-    at::Tensor device_tensor;
+    c10::MaybeOwned<at::Tensor> device_tensor;
     at::Tensor alias;
   };
 
   std::string op_name() const;
   void note_device(c10::Device device, const char* argument);
   const Alias& alias_of(const at::Tensor& t);
+  at::Tensor host(const at::Tensor& t, bool borrow);
+  // An operand of the caller's: borrowed when the caller's reference outlives
+  // the call (an unboxed wrapper's arguments), which spares reference counting
+  // on tensors that Python also holds (each count change from 1 to 2 and back
+  // goes through the Python object).
+  c10::MaybeOwned<at::Tensor> keep(const at::Tensor& t, bool borrow) const {
+    return borrow ? c10::MaybeOwned<at::Tensor>::borrowed(t) : c10::MaybeOwned<at::Tensor>::owned(std::in_place, t);
+  }
   void write_back(const Written& w);
 
   const char* op_ = nullptr;
   const c10::OperatorName* op_name_ = nullptr; // instead of op_ (the fallback)
   const bool accepts_cpu_tensors_;
+  // The fallback replaces its stack's tensors by their aliases, so HostCall
+  // owns its operands there; generated wrappers' arguments outlive the call.
+  const bool borrows_operands_;
   std::optional<c10::Device> device_;
   const char* device_argument_ = nullptr;
   const char* cpu_argument_ = nullptr;
@@ -114,7 +127,7 @@ class HostCall {
   // (host alias, operand): one alias per operand, so an operand passed twice
   // (self and out= of an in-place op) is one tensor for the CPU kernel too,
   // and a result that is an operand itself returns as that operand.
-  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> operands_;
+  c10::SmallVector<std::pair<at::Tensor, c10::MaybeOwned<at::Tensor>>, 4> operands_;
 };
 
 } // namespace openreg

@@ -56,6 +56,21 @@ c10::Stream make_stream(c10::DeviceIndex device, c10::StreamId id) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
 }
 
+namespace {
+
+// The runtime stream `id` of `device`, both already valid.
+orStream_t valid_raw_stream(c10::DeviceIndex device, c10::StreamId id) {
+  if (id == 0) {
+    DeviceStreams& d = devices()[device];
+    std::call_once(d.once, [&] { OPENREG_CHECK(orStreamGetDefault(&d.default_stream, device)); });
+    return d.default_stream;
+  }
+  const int level = static_cast<int>((id - 1) / kStreamsPerPool);
+  return pool_stream(device, level, static_cast<int>((id - 1) % kStreamsPerPool));
+}
+
+} // namespace
+
 orStream_t raw_stream(const c10::Stream& stream) {
   TORCH_CHECK(
       stream.device_type() == c10::DeviceType::PrivateUse1, "expected an openreg stream, got a ",
@@ -63,16 +78,10 @@ orStream_t raw_stream(const c10::Stream& stream) {
   const c10::DeviceIndex device = stream.device_index();
   check_device_index(device);
   const c10::StreamId id = stream.id();
-  if (id == 0) {
-    DeviceStreams& d = devices()[device];
-    std::call_once(d.once, [&] { OPENREG_CHECK(orStreamGetDefault(&d.default_stream, device)); });
-    return d.default_stream;
-  }
   TORCH_CHECK(
-      id > 0 && id <= kPriorityLevels * kStreamsPerPool, "invalid openreg stream id ", id,
+      id >= 0 && id <= kPriorityLevels * kStreamsPerPool, "invalid openreg stream id ", id,
       ": openreg streams come from torch.Stream(device=\"openreg\") or torch.openreg.Stream().");
-  const int level = static_cast<int>((id - 1) / kStreamsPerPool);
-  return pool_stream(device, level, static_cast<int>((id - 1) % kStreamsPerPool));
+  return valid_raw_stream(device, id);
 }
 
 // c10 passes -1 for "the current device" (torch.Event(device="openreg")).
@@ -85,6 +94,10 @@ c10::DeviceIndex resolve(c10::DeviceIndex device) {
 c10::Stream current_stream(c10::DeviceIndex device) {
   device = resolve(device);
   return make_stream(device, current_ids[device]);
+}
+
+c10::StreamId current_stream_id(c10::DeviceIndex device) noexcept {
+  return current_ids[device];
 }
 
 c10::Stream default_stream(c10::DeviceIndex device) {
@@ -118,9 +131,9 @@ void synchronize_stream(const c10::Stream& stream) {
 }
 
 void wait_current_stream(c10::DeviceIndex device) {
-  const c10::StreamId id = current_ids[device];
-  const c10::Stream stream = make_stream(device, id);
-  orStream_t raw = raw_stream(stream);
+  // `device` is a tensor's, so valid, and current ids are validated when set.
+  TORCH_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "openreg device index ", static_cast<int>(device));
+  orStream_t raw = valid_raw_stream(device, current_ids[device]);
   if (orStreamQuery(raw) == orError::NotReady) {
     OPENREG_CHECK(orStreamSynchronize(raw));
   }

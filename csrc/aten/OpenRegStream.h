@@ -16,6 +16,8 @@ namespace openreg {
 c10::Stream make_stream(c10::DeviceIndex device, c10::StreamId id);
 orStream_t raw_stream(const c10::Stream& stream);
 c10::Stream current_stream(c10::DeviceIndex device);
+// The id of current_stream(device) for a valid `device`, without checks.
+c10::StreamId current_stream_id(c10::DeviceIndex device) noexcept;
 c10::Stream default_stream(c10::DeviceIndex device);
 // Makes `stream` current for its device on this thread; returns the previous one.
 c10::Stream exchange_stream(const c10::Stream& stream);

@@ -171,6 +171,9 @@ orError orGetDevice(int* device) {
 }
 
 orError orSetDevice(int device) {
+  if (device == current_device) {
+    return orError::Success; // already current, so valid (guards restore this way)
+  }
   if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
   }

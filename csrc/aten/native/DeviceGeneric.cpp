@@ -1,0 +1,237 @@
+// Operators whose torch implementation is device-generic: it builds a
+// TensorIterator (or calls other operators) and calls a DispatchStub, the way
+// the CUDA build uses the same function. The openreg kernel is torch's own,
+// and the stubs it reaches have the CPU kernels as openreg kernels
+// (`cpu_kernel: true` in backend_functions.yaml). This is cheaper than running
+// the whole CPU operator on host aliases (`cpu_kernels:`): no alias tensors,
+// and the output is allocated on the device by the iterator.
+//
+// - abs.out: a unary iterator (real output for complex input), abs_stub.
+//   abs and abs_ reach it through their CompositeExplicitAutograd kernels.
+// - relu, relu_: clamp_min with 0, a structured operator here.
+// - where.self(_out): casts to the result type, accepts 0-dim CPU operands
+//   as CUDA does, where_kernel.
+// - logical_{and,or,xor,not}.out: comparison iterators, logical_*_stub. The
+//   functional and in-place forms are CompositeExplicitAutograd.
+// - masked_fill_: torch names it masked_fill__cpu, but only its stub
+//   (masked_fill_stub) is CPU code. masked_fill is CompositeExplicitAutograd.
+//
+// - hardtanh (3 forms): clamp, a structured operator here;
+//   hardtanh_backward(.grad_input): a binary iterator, hardtanh_backward_stub.
+// - uniform_, random_ (3 forms): a nullary iterator and uniform_stub /
+//   random_stub / random_from_to_stub / random_full_64_bits_range_stub;
+//   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub, which take
+//   the tensor itself, so their openreg kernels hand the CPU kernel a host
+//   alias. These kernels run the CPU kernels with the CPU generator of the
+//   openreg generator (or of the device's default one), as HostCall does for
+//   `cpu_kernels`, so the stream of numbers is CPU's for the same seed.
+//
+// where_kernel and masked_fill_stub take a bool condition or mask next to
+// operands of another dtype, and their iterators do not promote inputs. On a
+// non-CPU device TensorIterator then reports the first input's dtype (bool) as
+// the common dtype, which is not one to cast to, so their openreg kernels only
+// point the iterator at kernel addresses (use_kernel_addresses) and skip the
+// promotion that `cpu_kernel: true` stubs get (CpuStub.h).
+#include <ATen/ops/abs_native.h>
+#include <ATen/ops/bernoulli_native.h>
+#include <ATen/ops/hardtanh_backward_native.h>
+#include <ATen/ops/hardtanh_native.h>
+#include <ATen/ops/logical_and_native.h>
+#include <ATen/ops/logical_not_native.h>
+#include <ATen/ops/logical_or_native.h>
+#include <ATen/ops/logical_xor_native.h>
+#include <ATen/ops/masked_fill_native.h>
+#include <ATen/ops/normal_native.h>
+#include <ATen/ops/random_native.h>
+#include <ATen/ops/relu_native.h>
+#include <ATen/ops/uniform_native.h>
+#include <ATen/ops/where_native.h>
+
+#include <ATen/native/IndexKernel.h>
+#include <ATen/native/UnaryOps.h>
+#include <ATen/native/TensorCompare.h>
+
+#include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegGenerator.h"
+#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegStream.h"
+#include "aten/native/CpuStub.h"
+
+namespace openreg::native {
+
+at::Tensor& abs_out(const at::Tensor& self, at::Tensor& out) {
+  return at::native::abs_out(self, out);
+}
+
+at::Tensor relu(const at::Tensor& self) {
+  return at::native::relu(self);
+}
+
+at::Tensor& relu_(at::Tensor& self) {
+  return at::native::relu_(self);
+}
+
+at::Tensor where_self(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  return at::native::where(condition, self, other);
+}
+
+at::Tensor& where_self_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  return at::native::where_self_out(condition, self, other, out);
+}
+
+at::Tensor& logical_and_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  return at::native::logical_and_out(self, other, out);
+}
+
+at::Tensor& logical_or_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  return at::native::logical_or_out(self, other, out);
+}
+
+at::Tensor& logical_xor_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  return at::native::logical_xor_out(self, other, out);
+}
+
+at::Tensor& logical_not_out(const at::Tensor& self, at::Tensor& out) {
+  return at::native::logical_not_out(self, out);
+}
+
+at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
+  return at::native::masked_fill__cpu(self, mask, value);
+}
+
+at::Tensor& masked_fill_tensor(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
+  return at::native::masked_fill__cpu(self, mask, value);
+}
+
+void where_kernel(at::TensorIterator& iter) {
+  use_kernel_addresses(iter);
+  at::native::where_kernel(c10::DeviceType::CPU, iter);
+}
+
+void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
+  use_kernel_addresses(iter);
+  at::native::masked_fill_stub(c10::DeviceType::CPU, iter, value);
+}
+
+namespace {
+// A CPU tensor reaches an openreg kernel of a random operator only through the
+// dispatch key of an openreg generator; say so, as HostCall does.
+void check_on_openreg(const at::Tensor& self, const char* op) {
+  TORCH_CHECK(
+      self.device().is_privateuseone(), op,
+      " got an openreg generator but runs on the CPU: pass a CPU generator, or put the tensors on openreg.");
+}
+} // namespace
+
+at::Tensor hardtanh(const at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val) {
+  return at::native::hardtanh(self, min_val, max_val);
+}
+
+at::Tensor& hardtanh_(at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val) {
+  return at::native::hardtanh_(self, min_val, max_val);
+}
+
+at::Tensor& hardtanh_out(const at::Tensor& self, const at::Scalar& min_val, const at::Scalar& max_val, at::Tensor& out) {
+  return at::native::hardtanh_out(self, min_val, max_val, out);
+}
+
+at::Tensor hardtanh_backward(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Scalar& min_val,
+    const at::Scalar& max_val) {
+  return at::native::hardtanh_backward(grad_output, self, min_val, max_val);
+}
+
+at::Tensor& hardtanh_backward_out(
+    const at::Tensor& grad_output,
+    const at::Tensor& self,
+    const at::Scalar& min_val,
+    const at::Scalar& max_val,
+    at::Tensor& grad_input) {
+  return at::native::hardtanh_backward_out(grad_output, self, min_val, max_val, grad_input);
+}
+
+at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
+  check_on_openreg(self, "aten::normal_");
+  return at::native::normal_(self, mean, std, std::move(generator));
+}
+
+at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> generator) {
+  check_on_openreg(self, "aten::bernoulli_");
+  return at::native::bernoulli_(self, p, std::move(generator));
+}
+
+at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> generator) {
+  check_on_openreg(self, "aten::uniform_");
+  return at::native::uniform_(self, from, to, std::move(generator));
+}
+
+at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> generator) {
+  check_on_openreg(self, "aten::random_");
+  return at::native::random_(self, std::move(generator));
+}
+
+at::Tensor& random_from(
+    at::Tensor& self,
+    int64_t from,
+    std::optional<int64_t> to,
+    std::optional<at::Generator> generator) {
+  check_on_openreg(self, "aten::random_");
+  return at::native::random_(self, from, to, std::move(generator));
+}
+
+at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> generator) {
+  check_on_openreg(self, "aten::random_");
+  return at::native::random_(self, to, std::move(generator));
+}
+
+namespace {
+at::Generator host_generator(const at::TensorIteratorBase& iter, const std::optional<at::Generator>& generator, const char* op) {
+  return cpu_generator_for(generator, iter.device().index(), op);
+}
+} // namespace
+
+void normal_kernel(
+    const at::TensorBase& self,
+    const double mean,
+    const double std,
+    std::optional<at::Generator> generator) {
+  const at::Generator cpu = cpu_generator_for(generator, self.device().index(), "aten::normal_");
+  join_current_stream(self.device().index());
+  const ScopedHostAlias alias(self);
+  at::native::normal_stub(c10::DeviceType::CPU, alias.get(), mean, std, cpu);
+}
+
+void bernoulli_scalar_kernel(const at::TensorBase& self, const double p, std::optional<at::Generator> generator) {
+  const at::Generator cpu = cpu_generator_for(generator, self.device().index(), "aten::bernoulli_");
+  join_current_stream(self.device().index());
+  const ScopedHostAlias alias(self);
+  at::native::bernoulli_scalar_stub(c10::DeviceType::CPU, alias.get(), p, cpu);
+}
+
+void uniform_kernel(
+    at::TensorIteratorBase& iter,
+    const double from,
+    const double to,
+    std::optional<at::Generator> generator) {
+  run_cpu_stub(at::native::uniform_stub, iter, from, to, host_generator(iter, generator, "aten::uniform_"));
+}
+
+void random_kernel(at::TensorIteratorBase& iter, std::optional<at::Generator> generator) {
+  run_cpu_stub(at::native::random_stub, iter, host_generator(iter, generator, "aten::random_"));
+}
+
+void random_from_to_kernel(
+    at::TensorIteratorBase& iter,
+    const uint64_t range,
+    const int64_t base,
+    std::optional<at::Generator> generator) {
+  run_cpu_stub(at::native::random_from_to_stub, iter, range, base, host_generator(iter, generator, "aten::random_"));
+}
+
+void random_full_64_bits_range_kernel(at::TensorIteratorBase& iter, std::optional<at::Generator> generator) {
+  run_cpu_stub(at::native::random_full_64_bits_range_stub, iter, host_generator(iter, generator, "aten::random_"));
+}
+
+} // namespace openreg::native
