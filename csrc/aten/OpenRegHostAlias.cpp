@@ -174,8 +174,11 @@ c10::Storage host_alias_storage(const c10::Storage& device_storage) {
 }
 
 void recycle_host_alias(at::Tensor&& alias) {
+  // Only an alias as host_alias made it: one a kernel froze (detach-like
+  // metadata locks) or marked as a wrapped number is left to be freed.
   if (!alias.defined() || alias.use_count() != 1 || alias.weak_use_count() != 1 ||
-      recycled.tensors.size() == kRecycled) {
+      recycled.tensors.size() == kRecycled || !alias.unsafeGetTensorImpl()->allow_tensor_metadata_change() ||
+      alias.unsafeGetTensorImpl()->is_wrapped_number()) {
     return;
   }
   c10::intrusive_ptr<c10::TensorImpl> impl = alias.getIntrusivePtr();
