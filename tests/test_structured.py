@@ -350,6 +350,7 @@ def test_autograd_through_structured_ops():
         lambda d: torch.arange(24.0, device=d).reshape(4, 6).t(),  # dense, permuted
         lambda d: torch.arange(24.0, device=d)[::3],  # strided: fill_
         lambda d: torch.arange(6, device=d).to(torch.complex64),
+        lambda d: torch.empty(0, 3, device=d),  # no memory at all: nothing to write
     ],
 )
 def test_zero_matches_cpu_and_writes_only_the_tensor(make):

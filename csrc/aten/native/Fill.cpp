@@ -17,7 +17,12 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
 }
 
 // zero_: as CPU's zero_, a memset of a small dense tensor, fill_(0) otherwise.
+// An empty tensor may have no memory at all (a null data pointer, which
+// memset must not get even for 0 bytes): nothing to do.
 at::Tensor& zero_(at::Tensor& self) {
+  if (self.numel() == 0) {
+    return self;
+  }
   if (self.is_non_overlapping_and_dense() && self.numel() < at::internal::GRAIN_SIZE) {
     join_current_stream(self.device().index());
     std::memset(orKernelAddress(self.data_ptr()), 0, self.nbytes());
