@@ -192,22 +192,33 @@ at::Generator host_generator(const at::TensorIteratorBase& iter, const std::opti
 }
 } // namespace
 
+namespace {
+// A random stub that takes the tensor itself rather than an iterator: the CPU
+// kernel gets a host alias of it and the openreg generator's CPU state.
+template <typename Stub, typename... Args>
+void run_on_host_alias(
+    Stub& stub,
+    const at::TensorBase& self,
+    const std::optional<at::Generator>& generator,
+    const char* op,
+    Args... args) {
+  const at::Generator cpu = cpu_generator_for(generator, self.device().index(), op);
+  join_current_stream(self.device().index());
+  const ScopedHostAlias alias(self);
+  stub(c10::DeviceType::CPU, alias.get(), args..., cpu);
+}
+} // namespace
+
 void normal_kernel(
     const at::TensorBase& self,
     const double mean,
     const double std,
     std::optional<at::Generator> generator) {
-  const at::Generator cpu = cpu_generator_for(generator, self.device().index(), "aten::normal_");
-  join_current_stream(self.device().index());
-  const ScopedHostAlias alias(self);
-  at::native::normal_stub(c10::DeviceType::CPU, alias.get(), mean, std, cpu);
+  run_on_host_alias(at::native::normal_stub, self, generator, "aten::normal_", mean, std);
 }
 
 void bernoulli_scalar_kernel(const at::TensorBase& self, const double p, std::optional<at::Generator> generator) {
-  const at::Generator cpu = cpu_generator_for(generator, self.device().index(), "aten::bernoulli_");
-  join_current_stream(self.device().index());
-  const ScopedHostAlias alias(self);
-  at::native::bernoulli_scalar_stub(c10::DeviceType::CPU, alias.get(), p, cpu);
+  run_on_host_alias(at::native::bernoulli_scalar_stub, self, generator, "aten::bernoulli_", p);
 }
 
 void uniform_kernel(
