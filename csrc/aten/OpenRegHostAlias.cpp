@@ -25,14 +25,8 @@ void release_device_storage(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
-// Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
-// by kernel address. The CPU DataPtrs have their data as context, as
-// Allocator::raw_allocate requires (mkldnn and others allocate raw memory
-// through the CPU allocator while a HostCall redirects it). Entries live from
-// a kernel's allocation to its result's adoption (or the kernel freeing a
-// temporary), so there are few: a flat list, searched from its newest end.
-// A lock for the registry's short critical sections (a search and a move,
-// nothing freed inside): taking it when free is one atomic exchange, where a
+// A lock for the registry's short critical sections (a search and a move;
+// no device memory is freed inside): taking it when free is one atomic exchange, where a
 // std::mutex costs a lock and an unlock call twice per kernel call here
 // (adding an allocation, taking it back).
 class SpinLock {
@@ -50,6 +44,12 @@ class SpinLock {
   std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
 };
 
+// Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
+// by kernel address. The CPU DataPtrs have their data as context, as
+// Allocator::raw_allocate requires (mkldnn and others allocate raw memory
+// through the CPU allocator while a HostCall redirects it). Entries live from
+// a kernel's allocation to its result's adoption (or the kernel freeing a
+// temporary), so there are few: a flat list, searched from its newest end.
 struct HostVisible {
   SpinLock lock;
   std::vector<std::pair<void*, c10::DataPtr>> memory;
