@@ -187,11 +187,11 @@ class DeviceCache {
       block->stream_uses.clear();
       return;
     }
-    deactivate(*block);
     if (!block->pool->small) {
-      merge_into_pool(block);
+      release_to_pool(block);
       return;
     }
+    deactivate(*block);
     if (recent_.size() == kRecentBlocks) {
       merge_into_pool(recent_.front());
       recent_.erase(recent_.begin());

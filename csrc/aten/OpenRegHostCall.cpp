@@ -288,13 +288,15 @@ std::optional<at::Device> HostCall::device(const std::optional<at::Device>& devi
 }
 
 std::optional<at::Generator> HostCall::generator(const std::optional<at::Generator>& generator) const {
-  if (generator.has_value() && generator->defined() && generator->device().is_privateuseone()) {
-    return generator->get<OpenRegGeneratorImpl>()->cpu_generator();
+  const bool given = generator.has_value() && generator->defined();
+  // A CPU generator stays as it is (begin() let it through for CPU tensors
+  // only), and so does no generator on a call without an openreg device.
+  if (given ? !generator->device().is_privateuseone() : !device_.has_value()) {
+    return generator;
   }
-  if ((!generator.has_value() || !generator->defined()) && device_) {
-    return default_generator(device_->index()).get<OpenRegGeneratorImpl>()->cpu_generator();
-  }
-  return generator;
+  // An openreg generator, or none: cpu_generator_for raises only for other
+  // devices, so its operator name is never shown here.
+  return cpu_generator_for(generator, given ? generator->device().index() : device_->index(), "");
 }
 
 void HostCall::finish() {
