@@ -73,19 +73,20 @@ def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
         if aliased[0] is not None:
             return "", f"  return {aliased[0]};"
         if returns[0].type.is_tensor_like():
-            return "const auto result = ", "  return call.result(result);"
+            return "auto result = ", "  return call.result(std::move(result));"
         return "const auto result = ", "  return result;"
     parts = []
     for i, (r, name) in enumerate(zip(returns, aliased)):
         if name is not None:
             parts.append(name)
         elif r.type.is_tensor_like():
-            parts.append(f"call.result(std::get<{i}>(result))")
+            # Each element is moved once: no reference counting for results.
+            parts.append(f"call.result(std::get<{i}>(std::move(result)))")
         else:
             parts.append(f"std::get<{i}>(result)")
     if all(name is not None for name in aliased):
         return "", f"  return std::forward_as_tuple({', '.join(parts)});"
-    return "const auto result = ", f"  return std::make_tuple({', '.join(parts)});"
+    return "auto result = ", f"  return std::make_tuple({', '.join(parts)});"
 
 
 def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:

@@ -280,3 +280,33 @@ def test_fallback_leaks_no_device_memory():
     for _ in range(50):
         work()
     assert torch.accelerator.memory_allocated(0) == baseline
+
+
+def test_cpu_kernel_that_keeps_its_input_keeps_the_device_memory_alive():
+    # A CPU kernel sees host aliases of the openreg operands. One that keeps its
+    # input after the call keeps a valid tensor: the alias then holds the
+    # device memory, which is freed once the alias goes.
+    kept = []
+    lib = torch.library.Library("openreg_test_keep", "DEF")
+    try:
+        lib.define("keep(Tensor x) -> Tensor")
+
+        def keep(x):
+            kept.append(x)
+            return x + 1
+
+        lib.impl("keep", keep, "CPU")
+        torch.openreg.synchronize()
+        baseline = torch.accelerator.memory_allocated(0)
+        t = torch.arange(4.0, device=DEV)
+        out = torch.ops.openreg_test_keep.keep(t)
+        assert out.device.type == DEV and out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+        del t, out
+        assert torch.accelerator.memory_allocated(0) > baseline  # still held by the kept alias
+        for _ in range(3):
+            torch.full((4,), 7.0, device=DEV).add_(1)  # would reuse the memory if it had been freed
+        assert kept[0].device.type == "cpu" and kept[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+        kept.clear()
+        assert torch.accelerator.memory_allocated(0) == baseline
+    finally:
+        lib._destroy()

@@ -33,6 +33,7 @@
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegSpinLock.h"
 #include "OpenRegStream.h"
 
 namespace openreg {
@@ -129,7 +130,8 @@ struct DeletedEvent {
   Block* block;
 };
 
-// Everything the allocator knows of one device, under one mutex.
+// Everything the allocator knows of one device, under one lock (a spin lock:
+// allocation and free are on every kernel call's path).
 class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {
@@ -137,7 +139,7 @@ class DeviceCache {
   }
 
   Block* allocate(size_t requested, c10::StreamId stream) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     process_events();
     const size_t size = round_size(requested);
     Pool& pool = size <= kSmallSize ? small_ : large_;
@@ -167,7 +169,7 @@ class DeviceCache {
   }
 
   void free(Block* block) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     block->allocated = false;
     for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
       const auto t = static_cast<size_t>(type);
@@ -200,7 +202,7 @@ class DeviceCache {
   }
 
   void record_stream(Block* block, c10::StreamId stream) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     if (stream != block->stream) {
       block->stream_uses.insert(stream);
     }
@@ -208,18 +210,18 @@ class DeviceCache {
 
   // Returns cached segments that no allocation uses to the runtime.
   void empty_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     synchronize_events();
     release_cached();
   }
 
   DeviceStats stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     return stats_;
   }
 
   void reset_accumulated() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     for_each_stat([](Stat& stat) { stat.reset_accumulated(); });
     stats_.num_alloc_retries = 0;
     stats_.num_ooms = 0;
@@ -228,7 +230,7 @@ class DeviceCache {
   }
 
   void reset_peak() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::lock_guard<SpinLock> lock(lock_);
     for_each_stat([](Stat& stat) { stat.reset_peak(); });
   }
 
@@ -481,7 +483,7 @@ class DeviceCache {
   }
 
   const c10::DeviceIndex device_;
-  std::mutex mutex_;
+  SpinLock lock_;
   Pool small_{true};
   Pool large_{false};
   std::deque<DeletedEvent> events_;

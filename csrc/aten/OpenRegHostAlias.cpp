@@ -1,10 +1,8 @@
 #include "OpenRegHostAlias.h"
 
 #include <array>
-#include <atomic>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,6 +12,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "aten/OpenRegAllocator.h"
+#include "aten/OpenRegSpinLock.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg {
@@ -24,25 +23,6 @@ namespace {
 void release_device_storage(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
-
-// A lock for the registry's short critical sections (a search and a move;
-// no device memory is freed inside): taking it when free is one atomic exchange, where a
-// std::mutex costs a lock and an unlock call twice per kernel call here
-// (adding an allocation, taking it back).
-class SpinLock {
- public:
-  void lock() noexcept {
-    while (busy_.test_and_set(std::memory_order_acquire)) {
-      std::this_thread::yield();
-    }
-  }
-  void unlock() noexcept {
-    busy_.clear(std::memory_order_release);
-  }
-
- private:
-  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
-};
 
 // Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
 // by kernel address. The CPU DataPtrs have their data as context, as
@@ -118,16 +98,25 @@ GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
   return &allocators.at(static_cast<size_t>(index));
 }
 
-// Host alias objects that nothing references any more, for reuse on this
-// thread (recycle_host_alias, recycle_host_alias_storage).
 constexpr size_t kRecycled = 8;
-struct Recycled {
-  c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> tensors;
-  c10::SmallVector<c10::intrusive_ptr<c10::StorageImpl>, kRecycled> storages;
-};
-thread_local Recycled recycled;
 
 } // namespace
+
+// Host alias objects that nothing references any more, for reuse on this
+// thread (recycle_host_alias, recycle_host_alias_storage).
+struct HostAliasPool {
+  c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> tensors;
+  c10::SmallVector<c10::intrusive_ptr<c10::StorageImpl>, kRecycled> storages;
+  // operand_alias's: each keeps its own storage (with no data) between calls.
+  c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> operands;
+};
+
+HostAliasPool& host_alias_pool() {
+  // Each use of a thread_local with a destructor is a call into the dynamic
+  // linker (the extension is dlopen'ed): callers fetch the pool once.
+  thread_local HostAliasPool pool;
+  return pool;
+}
 
 namespace {
 void delete_host_visible(void* data) {
@@ -154,7 +143,7 @@ c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes) {
   return c10::DataPtr(data, data, &delete_host_visible, c10::Device(c10::DeviceType::CPU));
 }
 
-c10::Storage host_alias_storage(const c10::Storage& device_storage) {
+c10::Storage host_alias_storage(const c10::Storage& device_storage, HostAliasPool& recycled) {
   c10::StorageImpl* keep_alive = device_storage.unsafeGetStorageImpl();
   c10::raw::intrusive_ptr::incref(keep_alive);
   void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
@@ -173,7 +162,112 @@ c10::Storage host_alias_storage(const c10::Storage& device_storage) {
       growth_allocator(index), /*resizable=*/true);
 }
 
-void recycle_host_alias(at::Tensor&& alias) {
+namespace {
+
+// The deleter of an operand alias's DataPtr, which has no context and so owns
+// nothing: it only marks the storage as still over the operand's memory.
+void borrowed_device_memory(void* /*ctx*/) {}
+
+c10::DataPtr borrowed(const c10::StorageImpl& device_storage) {
+  void* data = orKernelAddress(device_storage.data_ptr().get());
+  return c10::DataPtr(data, nullptr, &borrowed_device_memory, c10::Device(c10::DeviceType::CPU));
+}
+
+bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void set_geometry(c10::TensorImpl& alias, const at::TensorBase& t) {
+  if (!same(alias.sizes(), t.sizes()) || !same(alias.strides(), t.strides())) {
+    alias.set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  } else if (alias.storage_offset() != t.storage_offset()) {
+    alias.set_storage_offset(t.storage_offset());
+  }
+  alias._set_conj(t.is_conj());
+  alias._set_neg(t.is_neg());
+}
+
+} // namespace
+
+at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool) {
+  const c10::StorageImpl& device = *t.storage().unsafeGetStorageImpl();
+  const c10::DeviceIndex index = t.device().has_index() ? t.device().index() : 0;
+  // A recycled alias of the same dtype keeps its own storage: setting it up
+  // changes no reference count (an atomic operation each).
+  for (size_t i = pool.operands.size(); i-- > 0;) {
+    if (pool.operands[i]->dtype() == t.dtype()) {
+      c10::intrusive_ptr<c10::TensorImpl> impl = std::move(pool.operands[i]);
+      pool.operands.erase(pool.operands.begin() + static_cast<std::ptrdiff_t>(i));
+      c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(borrowed(device));
+      storage->set_nbytes(device.nbytes());
+      storage->set_allocator(growth_allocator(index));
+      set_geometry(*impl, t);
+      return at::Tensor(std::move(impl));
+    }
+  }
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(c10::Storage::use_byte_size_t(), device.nbytes(), borrowed(device), growth_allocator(index),
+                   /*resizable=*/true),
+      c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  alias._set_conj(t.is_conj());
+  alias._set_neg(t.is_neg());
+  return alias;
+}
+
+at::Tensor operand_alias_sharing(const at::TensorBase& t, const at::TensorBase& first) {
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(first.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  alias._set_conj(t.is_conj());
+  alias._set_neg(t.is_neg());
+  return alias;
+}
+
+void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, HostAliasPool& pool) {
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+  const bool over_operand = storage->data_ptr().get_deleter() == &borrowed_device_memory;
+  const bool kept = alias.use_count() != 1 || alias.weak_use_count() != 1 ||
+      c10::raw::intrusive_ptr::use_count(storage) != 1 || c10::raw::weak_intrusive_ptr::use_count(storage) != 1;
+  if (!over_operand) {
+    // The CPU kernel resized it: its storage owns other memory now
+    // (take_grown_device_memory), and it is left to be freed.
+    alias.reset();
+    return;
+  }
+  if (kept) {
+    // The CPU kernel kept the alias or its storage: from now on the storage
+    // holds the device memory itself.
+    c10::raw::intrusive_ptr::incref(device_storage);
+    void* data = storage->data_ptr().get();
+    storage->set_data_ptr_noswap(
+        c10::DataPtr(data, device_storage, &release_device_storage, c10::Device(c10::DeviceType::CPU)));
+    alias.reset();
+    return;
+  }
+  // As recycle_host_alias: an alias a kernel froze, marked as a wrapped
+  // number or gave autograd metadata is left to be freed.
+  if (pool.operands.size() == kRecycled || !impl->allow_tensor_metadata_change() || impl->is_wrapped_number() ||
+      impl->autograd_meta() != nullptr) {
+    alias.reset();
+    return;
+  }
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+  storage->set_nbytes(0);
+  pool.operands.push_back(alias.unsafeReleaseIntrusivePtr());
+}
+
+void recycle_host_alias(at::Tensor&& alias, HostAliasPool& recycled) {
   // Only an alias as host_alias made it: one a kernel froze (detach-like
   // metadata locks) or marked as a wrapped number is left to be freed.
   if (!alias.defined() || alias.use_count() != 1 || alias.weak_use_count() != 1 ||
@@ -181,13 +275,13 @@ void recycle_host_alias(at::Tensor&& alias) {
       alias.unsafeGetTensorImpl()->is_wrapped_number()) {
     return;
   }
-  c10::intrusive_ptr<c10::TensorImpl> impl = alias.getIntrusivePtr();
-  alias.reset();
+  // Taken over from `alias` without touching its reference count (atomic).
+  c10::intrusive_ptr<c10::TensorImpl> impl = alias.unsafeReleaseIntrusivePtr();
   impl->release_resources(); // drops the storage (and anything a kernel attached)
   recycled.tensors.push_back(std::move(impl));
 }
 
-void recycle_host_alias_storage(c10::Storage&& host_storage) {
+void recycle_host_alias_storage(c10::Storage&& host_storage, HostAliasPool& recycled) {
   c10::StorageImpl* impl = host_storage.unsafeGetStorageImpl();
   // Only a storage still over the operand's memory: one a kernel resized owns
   // other memory (take_grown_device_memory).
@@ -198,8 +292,7 @@ void recycle_host_alias_storage(c10::Storage&& host_storage) {
   }
   impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU))); // the device memory's reference
   impl->set_nbytes(0);
-  recycled.storages.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
-  host_storage = c10::Storage();
+  recycled.storages.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim(host_storage.unsafeReleaseStorageImpl()));
 }
 
 std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage) {
@@ -211,7 +304,7 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
   return take_host_visible(ptr.get());
 }
 
-at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
+at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage, HostAliasPool& recycled) {
   at::Tensor alias;
   if (!recycled.tensors.empty()) {
     c10::intrusive_ptr<c10::TensorImpl> impl = std::move(recycled.tensors.back());

@@ -15,11 +15,19 @@
 
 namespace openreg {
 
+// This thread's recycled host alias objects (see recycle_host_alias). The
+// functions below that take one use it instead of looking it up again.
+struct HostAliasPool;
+HostAliasPool& host_alias_pool();
+
 // A resizable CPU storage over the same bytes as `device_storage`; it keeps the
 // device memory alive for as long as it lives. If a CPU kernel resizes it, it
 // moves to fresh memory of the same openreg device (see
 // take_grown_device_memory) and the original device memory is left untouched.
-c10::Storage host_alias_storage(const c10::Storage& device_storage);
+c10::Storage host_alias_storage(const c10::Storage& device_storage, HostAliasPool& pool);
+inline c10::Storage host_alias_storage(const c10::Storage& device_storage) {
+  return host_alias_storage(device_storage, host_alias_pool());
+}
 
 // `nbytes` of fresh memory of openreg device `index`, as a CPU DataPtr at the
 // kernel address; take_grown_device_memory gives the device memory back.
@@ -36,10 +44,14 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
 
 // A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over
 // `host_storage` (from host_alias_storage(t.storage())).
-at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage);
+at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage, HostAliasPool& pool);
+inline at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
+  return host_alias(t, host_storage, host_alias_pool());
+}
 
 inline at::Tensor host_alias(const at::Tensor& t) {
-  return host_alias(t, host_alias_storage(t.storage()));
+  HostAliasPool& pool = host_alias_pool();
+  return host_alias(t, host_alias_storage(t.storage(), pool), pool);
 }
 
 // Hands a host alias (from host_alias) and then its storage (from
@@ -48,24 +60,41 @@ inline at::Tensor host_alias(const at::Tensor& t) {
 // host_alias_storage, so a kernel call on small tensors does not allocate and
 // construct a CPU TensorImpl and StorageImpl per operand. The device memory
 // is released at once either way.
-void recycle_host_alias(at::Tensor&& alias);
-void recycle_host_alias_storage(c10::Storage&& host_storage);
+void recycle_host_alias(at::Tensor&& alias, HostAliasPool& pool);
+void recycle_host_alias_storage(c10::Storage&& host_storage, HostAliasPool& pool);
+
+// Host aliases of HostCall's operands. Unlike host_alias's, an operand
+// alias's storage holds no reference to the device memory: the operand keeps
+// that alive during the call. A recycled operand alias keeps its own storage,
+// so making one changes no reference count.
+// - operand_alias: an alias of `t` with a storage of its own;
+// - operand_alias_sharing: an alias of `t` on the storage of `first` (an
+//   operand_alias of another tensor on the same device storage);
+// - end_operand_alias, once the CPU kernel is done (the ones sharing a
+//   storage first): recycles the alias if nothing else holds it or its storage;
+//   otherwise its storage takes a reference to `device_storage`, so whatever
+//   kept it stays valid.
+at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool);
+at::Tensor operand_alias_sharing(const at::TensorBase& t, const at::TensorBase& first);
+void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, HostAliasPool& pool);
 
 // A host alias of `t` for the length of a kernel call, recycled afterwards.
 class ScopedHostAlias {
  public:
-  explicit ScopedHostAlias(const at::TensorBase& t) : storage_(host_alias_storage(t.storage())), alias_(host_alias(t, storage_)) {}
+  explicit ScopedHostAlias(const at::TensorBase& t)
+      : pool_(host_alias_pool()), storage_(host_alias_storage(t.storage(), pool_)), alias_(host_alias(t, storage_, pool_)) {}
   ScopedHostAlias(const ScopedHostAlias&) = delete;
   ScopedHostAlias& operator=(const ScopedHostAlias&) = delete;
   ~ScopedHostAlias() {
-    recycle_host_alias(std::move(alias_));
-    recycle_host_alias_storage(std::move(storage_));
+    recycle_host_alias(std::move(alias_), pool_);
+    recycle_host_alias_storage(std::move(storage_), pool_);
   }
   const at::Tensor& get() const {
     return alias_;
   }
 
  private:
+  HostAliasPool& pool_;
   c10::Storage storage_;
   at::Tensor alias_;
 };

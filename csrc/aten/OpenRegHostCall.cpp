@@ -111,16 +111,25 @@ HostCall::~HostCall() {
   if (redirecting_) {
     redirect_device = previous_redirect_;
   }
-  // The CPU kernel's tensors are gone: host alias objects nothing kept are
-  // reused by the next call on this thread.
-  for (auto& [alias, operand] : operands_) {
-    recycle_host_alias(std::move(alias));
+  written_.clear(); // (finish() did, unless the kernel threw)
+  if (pool_ == nullptr) {
+    return; // no operand had a host alias
   }
-  operands_.clear();
-  for (Alias& a : aliases_) {
-    if (a.device_storage_impl != nullptr) {
-      recycle_host_alias_storage(std::move(a.host_storage));
+  // The CPU kernel's tensors are gone: host alias objects nothing kept are
+  // reused by the next call on this thread. Aliases sharing a storage end
+  // before the one that made it, which decides what becomes of the storage.
+  auto end = [&](Operand& o) {
+    if (o.first_on_storage) {
+      end_operand_alias(std::move(o.alias), o.device_storage, *pool_);
+    } else {
+      o.alias.reset();
     }
+  };
+  for (auto it = more_operands_.rbegin(); it != more_operands_.rend(); ++it) {
+    end(*it);
+  }
+  for (auto it = operands_.rbegin(); it != operands_.rend(); ++it) {
+    end(*it);
   }
 }
 
@@ -209,34 +218,38 @@ void HostCall::begin() {
   redirecting_ = true;
 }
 
-const HostCall::Alias& HostCall::alias_of(const at::Tensor& t) {
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  for (const Alias& a : aliases_) {
-    if (a.device_storage_impl == impl) {
-      return a;
-    }
+HostCall::Operand& HostCall::add_operand(Operand&& operand) {
+  if (operands_.size() < kInlineOperands) {
+    return operands_.emplace_back(std::move(operand));
   }
-  // One host alias per device storage, so operands that share memory still
-  // share it on the host and results can be traced back to their operand.
-  return aliases_.emplace_back(Alias{impl, c10::Storage(), host_alias_storage(t.storage()), t.key_set()});
+  return more_operands_.emplace_back(std::move(operand));
 }
 
-at::Tensor HostCall::host(const at::Tensor& t) {
+const at::Tensor& HostCall::host(const at::Tensor& t) {
   return host(t, borrows_operands_);
 }
 
-at::Tensor HostCall::host(const at::Tensor& t, bool borrow) {
+const at::Tensor& HostCall::host(const at::Tensor& t, bool borrow) {
   if (!t.defined() || !t.device().is_privateuseone()) {
     return t;
   }
-  for (const auto& [alias, operand] : operands_) {
-    if (operand->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-      return alias;
+  c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
+  const at::Tensor* known = nullptr;
+  const at::Tensor* same_storage = nullptr;
+  for_each_operand([&](const Operand& o) {
+    if (o.device->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      known = &o.alias;
+    } else if (o.first_on_storage && o.device_storage == device_storage) {
+      same_storage = &o.alias;
     }
+  });
+  if (known != nullptr) {
+    return *known;
   }
-  at::Tensor alias = host_alias(t, alias_of(t).host_storage);
-  operands_.emplace_back(alias, keep(t, borrow));
-  return alias;
+  if (same_storage != nullptr) {
+    return add_operand(Operand{operand_alias_sharing(t, *same_storage), keep(t, borrow), device_storage, false}).alias;
+  }
+  return add_operand(Operand{operand_alias(t, pool()), keep(t, borrow), device_storage, true}).alias;
 }
 
 at::Tensor HostCall::written(const at::Tensor& t) {
@@ -257,8 +270,8 @@ std::optional<at::Tensor> HostCall::host(const std::optional<at::Tensor>& t) {
   return host(*t);
 }
 
-std::vector<at::Tensor> HostCall::host(at::ITensorListRef tensors) {
-  std::vector<at::Tensor> out;
+HostTensors HostCall::host(at::ITensorListRef tensors) {
+  HostTensors out;
   out.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
     out.push_back(host(t));
@@ -344,29 +357,48 @@ void HostCall::write_back(const Written& w) {
 }
 
 at::Tensor HostCall::result(const at::Tensor& t) {
+  std::optional<at::Tensor> out = converted(t);
+  return out.has_value() ? *std::move(out) : t;
+}
+
+at::Tensor HostCall::result(at::Tensor&& t) {
+  std::optional<at::Tensor> out = converted(t);
+  return out.has_value() ? *std::move(out) : std::move(t);
+}
+
+std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
   if (!t.defined() || !t.is_cpu() || !device_) {
-    return t;
+    return std::nullopt;
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
       t.layout() == c10::Layout::Strided, op_name(), " produced a ", t.layout(),
       " tensor, but openreg supports only strided tensors: run this operator on CPU tensors.");
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  for (const auto& [alias, operand] : operands_) {
-    if (alias.unsafeGetTensorImpl() == impl) {
-      return *operand; // the operator returned an operand itself (in-place, out=)
-    }
-  }
   c10::StorageImpl* host = t.storage().unsafeGetStorageImpl();
-  for (const Alias& a : aliases_) {
-    if (a.host_storage.unsafeGetStorageImpl() == host) {
-      // A view of an operand: a view of the operand's device storage, with the
-      // operand's dispatch keys (as the ImplType::VIEW constructor expects).
-      // Or another result on the fresh memory of an earlier one.
-      if (a.device_storage_impl != nullptr) {
-        return device_tensor_on(
-            c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(a.device_storage_impl)), t, a.keys);
-      }
-      return device_tensor_on(a.device_storage, t, std::nullopt);
+  const Operand* operand = nullptr;
+  const Operand* viewed = nullptr;
+  for_each_operand([&](const Operand& o) {
+    if (o.alias.unsafeGetTensorImpl() == impl) {
+      operand = &o;
+    } else if (viewed == nullptr && o.first_on_storage && o.alias.storage().unsafeGetStorageImpl() == host) {
+      viewed = &o;
+    }
+  });
+  if (operand != nullptr) {
+    return *operand->device; // the operator returned an operand itself (in-place, out=)
+  }
+  if (viewed != nullptr) {
+    // A view of an operand: a view of the operand's device storage, with the
+    // operand's dispatch keys (as the ImplType::VIEW constructor expects).
+    return device_tensor_on(
+        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(viewed->device_storage)), t,
+        viewed->device->key_set());
+  }
+  for (const Fresh& f : fresh_) {
+    if (f.host_storage_impl == host) {
+      // Another result on the fresh memory of an earlier one.
+      return device_tensor_on(
+          c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(f.device_storage_impl)), t, std::nullopt);
     }
   }
   // Fresh memory. If the kernel allocated it while begin() redirected CPU
@@ -380,8 +412,9 @@ at::Tensor HostCall::result(const at::Tensor& t) {
     host->set_allocator(device_allocator());
     impl->set_storage_keep_dtype(t.storage());
     impl->_change_backend_component_keys(*device_);
-    aliases_.emplace_back(Alias{nullptr, t.storage(), t.storage(), c10::DispatchKeySet()});
-    return t;
+    // The result keeps its storage alive for the rest of the call.
+    fresh_.push_back(Fresh{host, host, c10::Storage()});
+    return std::nullopt;
   }
   c10::Storage storage;
   if (device_memory.has_value()) {
@@ -393,7 +426,7 @@ at::Tensor HostCall::result(const at::Tensor& t) {
     storage = c10::Storage(c10::Storage::use_byte_size_t(), host->nbytes(), device_allocator(), /*resizable=*/true);
     OPENREG_CHECK(orMemcpy(storage.mutable_data(), host->data(), host->nbytes(), orMemcpyKind::HostToDevice));
   }
-  aliases_.emplace_back(Alias{nullptr, storage, t.storage(), c10::DispatchKeySet()});
+  fresh_.push_back(Fresh{storage.unsafeGetStorageImpl(), host, storage});
   return device_tensor_on(storage, t, std::nullopt);
 }
 

@@ -22,6 +22,7 @@
 //      device memory adopted as it is.
 #pragma once
 
+#include <list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,7 +35,37 @@
 #include <c10/util/MaybeOwned.h>
 #include <c10/util/SmallVector.h>
 
+#include "OpenRegHostAlias.h"
+
 namespace openreg {
+
+// Host aliases of a tensor list for one kernel call, borrowed from the
+// HostCall that owns them (no reference counting to pass them).
+class HostTensors {
+ public:
+  HostTensors() = default;
+  HostTensors(HostTensors&& other) noexcept = default;
+  HostTensors(const HostTensors&) = delete;
+  HostTensors& operator=(const HostTensors&) = delete;
+  HostTensors& operator=(HostTensors&&) = delete;
+  ~HostTensors() {
+    for (at::Tensor& t : tensors_) {
+      c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(t);
+    }
+  }
+  void reserve(size_t n) {
+    tensors_.reserve(n);
+  }
+  void push_back(const at::Tensor& t) {
+    tensors_.push_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t));
+  }
+  operator c10::ArrayRef<at::Tensor>() const {
+    return tensors_;
+  }
+
+ private:
+  std::vector<at::Tensor> tensors_;
+};
 
 class HostCall {
  public:
@@ -58,11 +89,12 @@ class HostCall {
   // Step 2.
   void begin();
 
-  // Step 3: the CPU kernel's arguments.
-  at::Tensor host(const at::Tensor& t);
+  // Step 3: the CPU kernel's arguments. host()'s references and lists stay
+  // valid until the HostCall ends.
+  const at::Tensor& host(const at::Tensor& t);
   at::Tensor written(const at::Tensor& t);
   std::optional<at::Tensor> host(const std::optional<at::Tensor>& t);
-  std::vector<at::Tensor> host(at::ITensorListRef tensors);
+  HostTensors host(at::ITensorListRef tensors);
   c10::List<std::optional<at::Tensor>> host(const c10::List<std::optional<at::Tensor>>& tensors);
   c10::Storage host(const c10::Storage& storage);
   std::optional<at::Device> device(const std::optional<at::Device>& device) const;
@@ -73,6 +105,7 @@ class HostCall {
   // After the kernel.
   void finish();
   at::Tensor result(const at::Tensor& t);
+  at::Tensor result(at::Tensor&& t);
   std::vector<at::Tensor> result(const std::vector<at::Tensor>& tensors);
 
   // The openreg device the call runs on, if any operand or argument names one.
@@ -81,24 +114,47 @@ class HostCall {
   }
 
  private:
-  // A device storage and its host alias: an operand's (device_storage_impl,
-  // kept alive by the operand), or the fresh memory of a result
-  // (device_storage, with a null device_storage_impl).
-  struct Alias {
+  // A result's fresh memory, for later results on the same memory: the
+  // result's own storage, adopted as device storage (kept alive by the result,
+  // which the caller holds), or, for memory that had to be copied, a new
+  // device storage owned here.
+  struct Fresh {
     c10::StorageImpl* device_storage_impl;
-    c10::Storage device_storage;
-    c10::Storage host_storage;
-    c10::DispatchKeySet keys; // of the first operand on this storage, for views
+    c10::StorageImpl* host_storage_impl;
+    c10::Storage device_storage; // a copied result's
   };
   struct Written {
     c10::MaybeOwned<at::Tensor> device_tensor;
     at::Tensor alias;
   };
 
+  // An operand and its host alias. The first operand on a device storage
+  // makes its host storage (operand_alias); later ones on the same storage
+  // share it, so operands that share memory still share it on the host, and
+  // results can be traced back to their operand.
+  struct Operand {
+    at::Tensor alias;
+    c10::MaybeOwned<at::Tensor> device;
+    c10::StorageImpl* device_storage;
+    bool first_on_storage;
+  };
+
   std::string op_name() const;
   void note_device(c10::Device device, const char* argument);
-  const Alias& alias_of(const at::Tensor& t);
-  at::Tensor host(const at::Tensor& t, bool borrow);
+  Operand& add_operand(Operand&& operand);
+  const at::Tensor& host(const at::Tensor& t, bool borrow);
+  // For result(): an openreg tensor for the CPU kernel's `t`, or nothing when
+  // `t` itself is the answer (not a CPU tensor, or adopted in place).
+  std::optional<at::Tensor> converted(const at::Tensor& t);
+  template <class F>
+  void for_each_operand(F&& f) {
+    for (Operand& o : operands_) {
+      f(o);
+    }
+    for (Operand& o : more_operands_) {
+      f(o);
+    }
+  }
   // An operand of the caller's: borrowed when the caller's reference outlives
   // the call (an unboxed wrapper's arguments), which spares reference counting
   // on tensors that Python also holds (each count change from 1 to 2 and back
@@ -107,6 +163,13 @@ class HostCall {
     return borrow ? c10::MaybeOwned<at::Tensor>::borrowed(t) : c10::MaybeOwned<at::Tensor>::owned(std::in_place, t);
   }
   void write_back(const Written& w);
+
+  HostAliasPool& pool() {
+    if (pool_ == nullptr) {
+      pool_ = &host_alias_pool();
+    }
+    return *pool_;
+  }
 
   const char* op_ = nullptr;
   const c10::OperatorName* op_name_ = nullptr; // instead of op_ (the fallback)
@@ -120,14 +183,19 @@ class HostCall {
   bool openreg_generator_ = false;
   bool other_generator_ = false;
   std::optional<c10::DeviceGuard> guard_;
+  HostAliasPool* pool_ = nullptr; // this thread's, fetched at the first host alias
   bool redirecting_ = false;
   c10::DeviceIndex previous_redirect_ = -1;
-  c10::SmallVector<Alias, 4> aliases_;
+  c10::SmallVector<Fresh, 2> fresh_;
   c10::SmallVector<Written, 2> written_;
-  // (host alias, operand): one alias per operand, so an operand passed twice
-  // (self and out= of an in-place op) is one tensor for the CPU kernel too,
-  // and a result that is an operand itself returns as that operand.
-  c10::SmallVector<std::pair<at::Tensor, c10::MaybeOwned<at::Tensor>>, 4> operands_;
+  // One alias per operand, so an operand passed twice (self and out= of an
+  // in-place op) is one tensor for the CPU kernel too, and a result that is
+  // an operand itself returns as that operand. host() returns references to
+  // them, so they never move: operands_ stays within its inline capacity and
+  // the rest go to a list.
+  static constexpr size_t kInlineOperands = 6;
+  c10::SmallVector<Operand, kInlineOperands> operands_;
+  std::list<Operand> more_operands_;
 };
 
 } // namespace openreg

@@ -25,9 +25,9 @@ at::Tensor wrapper_cat(const at::ITensorListRef & tensors, int64_t dim) {
   openreg::HostCall call("aten::cat", /*accepts_cpu_tensors=*/false);
   call.note(tensors, "tensors");
   call.begin();
-  const auto result = at::_ops::cat::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(tensors), dim);
+  auto result = at::_ops::cat::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(tensors), dim);
   call.finish();
-  return call.result(result);
+  return call.result(std::move(result));
 }
 
 // sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
@@ -65,9 +65,9 @@ at::Tensor wrapper_index_Tensor(const at::Tensor & self, const c10::List<::std::
   call.note(self, "self");
   call.note(indices, "indices");
   call.begin();
-  const auto result = at::_ops::index_Tensor::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(self), call.host(indices));
+  auto result = at::_ops::index_Tensor::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(self), call.host(indices));
   call.finish();
-  return call.result(result);
+  return call.result(std::move(result));
 }
 
 // randperm.generator(SymInt n, *, Generator? generator, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
@@ -77,9 +77,9 @@ at::Tensor wrapper_randperm_generator(c10::SymInt n, ::std::optional<at::Generat
   call.note(generator, "generator");
   call.note(device, "device");
   call.begin();
-  const auto result = at::_ops::randperm_generator::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), n, call.generator(generator), dtype, layout, call.device(device), pin_memory);
+  auto result = at::_ops::randperm_generator::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), n, call.generator(generator), dtype, layout, call.device(device), pin_memory);
   call.finish();
-  return call.result(result);
+  return call.result(std::move(result));
 }
 
 } // namespace
