@@ -17,6 +17,7 @@ from codegen.model import (
     CPU_KERNEL_HEADER,
     CPU_KERNEL_TEMPLATE,
     NATIVE_HEADER,
+    DEVICE_HEADER,
     TRACE_HEADER,
     TRACE_NAMESPACE,
     BackendConfig,
@@ -117,7 +118,7 @@ def device_guard(entry: KernelEntry) -> str:
     tensor = next((a.name for a in candidates if a.type.is_tensor_like()), None)
     if tensor is None:
         return "  // no tensor argument to guard on"
-    return f"  const c10::OptionalDeviceGuard device_guard(at::device_of({tensor}));"
+    return f"  const ::openreg::OptionalDeviceGuard device_guard(at::device_of({tensor}));"
 
 
 def device_check(entry: KernelEntry, name: str) -> str:
@@ -187,6 +188,7 @@ def register_kernels(cfg: BackendConfig) -> str:
 #include <torch/library.h>
 
 #include "{NATIVE_HEADER}"
+#include "{DEVICE_HEADER}"
 #include "{TRACE_HEADER}"
 
 // The wrappers have the dispatcher's signature (SymInt where the schema has

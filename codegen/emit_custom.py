@@ -11,7 +11,7 @@ works and backward raises a clear error.
 
 from __future__ import annotations
 
-from codegen.model import TRACE_HEADER, BackendConfig, CustomOp, KernelEntry
+from codegen.model import DEVICE_HEADER, TRACE_HEADER, BackendConfig, CustomOp, KernelEntry
 from torchgen.api.types import DispatcherSignature
 from torchgen.context import native_function_manager
 
@@ -150,6 +150,7 @@ def register_custom_ops(cfg: BackendConfig, banner: str, wrapper) -> str:  # typ
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "{DEVICE_HEADER}"
 #include "{TRACE_HEADER}"
 
 namespace at {{

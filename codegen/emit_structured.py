@@ -19,7 +19,7 @@ SymInt conversions follow the schemas of the installed torch.
 
 from __future__ import annotations
 
-from codegen.model import CPU_KERNEL_HEADER, STRUCTURED_PREPARE, TRACE_HEADER, BackendConfig, StructuredEntry, trace_scope
+from codegen.model import CPU_KERNEL_HEADER, DEVICE_HEADER, STRUCTURED_PREPARE, TRACE_HEADER, BackendConfig, StructuredEntry, trace_scope
 from torchgen.api import structured
 from torchgen.api.translate import translate
 from torchgen.api.types import (
@@ -165,7 +165,7 @@ def gen_class(entry: StructuredEntry, f: NativeFunction) -> str:
     return {get};
   }}
 {fields}
-  c10::OptionalDeviceGuard guard_;
+  ::openreg::OptionalDeviceGuard guard_;
 }};"""
 
 
@@ -271,6 +271,7 @@ def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) 
 #include <torch/library.h>
 {includes}
 #include "{CPU_KERNEL_HEADER}"
+#include "{DEVICE_HEADER}"
 #include "{TRACE_HEADER}"
 
 namespace at {{

@@ -24,6 +24,8 @@ STRUCTURED_PREPARE = "prepare_structured_impl"
 # Every generated kernel entry point opens a trace scope (csrc/aten/OpenRegTrace.h):
 # the dispatch trace and the profiler observe calls through it.
 TRACE_HEADER = "aten/OpenRegTrace.h"
+# openreg::OptionalDeviceGuard, the generated wrappers' device guard.
+DEVICE_HEADER = "aten/OpenRegDevice.h"
 TRACE_NAMESPACE = "::openreg::trace"
 
 

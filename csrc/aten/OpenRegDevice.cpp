@@ -88,4 +88,28 @@ void synchronize(c10::DeviceIndex index) {
   OPENREG_CHECK(orDeviceSynchronize(index));
 }
 
+OptionalDeviceGuard::~OptionalDeviceGuard() {
+  if (original_ >= 0) {
+    (void)orSetDevice(original_); // valid when it was current; destructors must not throw
+  }
+}
+
+void OptionalDeviceGuard::reset_device(std::optional<c10::Device> device) {
+  if (!device.has_value()) {
+    return;
+  }
+  device_ = device;
+  if (!device->is_privateuseone()) {
+    return;
+  }
+  const c10::DeviceIndex current = peek_current_device();
+  if (!device->has_index() || device->index() == current) {
+    return;
+  }
+  set_device(device->index()); // validates the index before anything changes
+  if (original_ < 0) {
+    original_ = current;
+  }
+}
+
 } // namespace openreg

@@ -2,6 +2,8 @@
 // the one place that validates device indices and the runtime configuration.
 #pragma once
 
+#include <optional>
+
 #include <c10/core/Device.h>
 
 namespace openreg {
@@ -22,5 +24,32 @@ void check_device_index(c10::DeviceIndex index);
 // The same check without initialising openreg (generators, as CUDA's, do not).
 void validate_device_index(c10::DeviceIndex index);
 void synchronize(c10::DeviceIndex index);
+
+// What c10::OptionalDeviceGuard does in the generated wrappers, at no cost
+// when the device is already current (the usual case): c10's guard makes two
+// virtual calls into the guard implementation on entry and one on exit
+// whatever the device. Non-openreg devices (a CPU operand first) change
+// nothing, as c10's CPU guard.
+class OptionalDeviceGuard {
+ public:
+  OptionalDeviceGuard() = default;
+  explicit OptionalDeviceGuard(std::optional<c10::Device> device) {
+    reset_device(device);
+  }
+  OptionalDeviceGuard(const OptionalDeviceGuard&) = delete;
+  OptionalDeviceGuard& operator=(const OptionalDeviceGuard&) = delete;
+  ~OptionalDeviceGuard();
+
+  // Makes `device` current until the guard ends (or the next reset).
+  void reset_device(std::optional<c10::Device> device);
+  // The device last given to reset_device, if any.
+  std::optional<c10::Device> current_device() const {
+    return device_;
+  }
+
+ private:
+  std::optional<c10::Device> device_;
+  c10::DeviceIndex original_ = -1; // the device to restore, once one was set
+};
 
 } // namespace openreg

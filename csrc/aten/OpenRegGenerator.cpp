@@ -70,8 +70,10 @@ const at::Generator& default_generator(c10::DeviceIndex device_index) {
     }
   });
   const c10::DeviceIndex index = device_index == -1 ? peek_current_device() : device_index;
-  validate_device_index(index);
-  return generators[index];
+  if (index < 0 || static_cast<size_t>(index) >= generators.size()) {
+    validate_device_index(index); // raises, naming the valid range
+  }
+  return generators.at(static_cast<size_t>(index));
 }
 
 at::Generator new_generator(c10::DeviceIndex device_index) {

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegDevice.h"
 #include "aten/OpenRegTrace.h"
 
 namespace at {
@@ -20,7 +21,7 @@ at::Tensor wrapper_PrivateUse1_scale(const at::Tensor & self, double factor) {
   const ::openreg::trace::Scope trace_scope("openreg::scale", ::openreg::trace::Route::CustomOp, "demo::native::scale");
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, self, "wrapper_PrivateUse1_scale", "self");
-  const c10::OptionalDeviceGuard device_guard(at::device_of(self));
+  const ::openreg::OptionalDeviceGuard device_guard(at::device_of(self));
   return demo::native::scale(self, factor);
 }
 
@@ -36,7 +37,7 @@ at::Tensor wrapper_PrivateUse1_scale_backward(const at::Tensor & grad, double fa
   const ::openreg::trace::Scope trace_scope("openreg::scale_backward", ::openreg::trace::Route::CustomOp, "demo::native::scale_backward");
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, grad, "wrapper_PrivateUse1_scale_backward", "grad");
-  const c10::OptionalDeviceGuard device_guard(at::device_of(grad));
+  const ::openreg::OptionalDeviceGuard device_guard(at::device_of(grad));
   return demo::native::scale_backward(grad, factor);
 }
 
@@ -53,7 +54,7 @@ at::Tensor wrapper_PrivateUse1_norm2(const at::Tensor & self, const ::std::optio
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, self, "wrapper_PrivateUse1_norm2", "self");
   c10::impl::check_and_update_common_device(common_device, weight, "wrapper_PrivateUse1_norm2", "weight");
-  const c10::OptionalDeviceGuard device_guard(at::device_of(self));
+  const ::openreg::OptionalDeviceGuard device_guard(at::device_of(self));
   return demo::native::norm2(self, weight);
 }
 

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegDevice.h"
 #include "aten/OpenRegTrace.h"
 
 // The wrappers have the dispatcher's signature (SymInt where the schema has
@@ -34,7 +35,7 @@ at::Tensor wrapper_view(const at::Tensor & self, c10::SymIntArrayRef size) {
 at::Tensor wrapper__copy_from(const at::Tensor & self, const at::Tensor & dst, bool non_blocking) {
   const ::openreg::trace::Scope trace_scope("aten::_copy_from", ::openreg::trace::Route::Kernel, "demo::native::copy_from");
   // no device check
-  const c10::OptionalDeviceGuard device_guard(at::device_of(self));
+  const ::openreg::OptionalDeviceGuard device_guard(at::device_of(self));
   return demo::native::copy_from(self, dst, non_blocking);
 }
 
@@ -42,7 +43,7 @@ at::Tensor wrapper__copy_from(const at::Tensor & self, const at::Tensor & dst, b
 at::Tensor & wrapper_add_out(const at::Tensor & self, const at::Tensor & other, const at::Scalar & alpha, at::Tensor & out) {
   const ::openreg::trace::Scope trace_scope("aten::add.out", ::openreg::trace::Route::Kernel, "demo::native::add_out");
   // no device check
-  const c10::OptionalDeviceGuard device_guard(at::device_of(self));
+  const ::openreg::OptionalDeviceGuard device_guard(at::device_of(self));
   return demo::native::add_out(self, other, alpha, out);
 }
 

@@ -9,6 +9,7 @@
 #include <ATen/ops/neg_native.h>
 
 #include "aten/native/CpuStub.h"
+#include "aten/OpenRegDevice.h"
 #include "aten/OpenRegTrace.h"
 
 namespace at {
@@ -98,7 +99,7 @@ struct structured_neg_out_functional final : public at::native::structured_neg_o
     return outputs_[output_idx];
   }
   std::array<at::Tensor, 1> outputs_;
-  c10::OptionalDeviceGuard guard_;
+  ::openreg::OptionalDeviceGuard guard_;
 };
 
 // neg(Tensor self) -> Tensor
@@ -154,7 +155,7 @@ struct structured_neg_out_out final : public at::native::structured_neg_out {
   }
   std::array<std::reference_wrapper<at::Tensor>, 1> outputs_;
   std::array<std::optional<at::Tensor>, 1> proxy_outputs_;
-  c10::OptionalDeviceGuard guard_;
+  ::openreg::OptionalDeviceGuard guard_;
 };
 
 // neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
@@ -213,7 +214,7 @@ struct structured_neg_out_inplace final : public at::native::structured_neg_out 
   }
   std::array<std::reference_wrapper<at::Tensor>, 1> outputs_;
   std::array<std::optional<at::Tensor>, 1> proxy_outputs_;
-  c10::OptionalDeviceGuard guard_;
+  ::openreg::OptionalDeviceGuard guard_;
 };
 
 // neg_(Tensor(a!) self) -> Tensor(a!)

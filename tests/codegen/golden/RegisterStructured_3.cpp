@@ -9,6 +9,7 @@
 #include <ATen/ops/max_native.h>
 
 #include "aten/native/CpuStub.h"
+#include "aten/OpenRegDevice.h"
 #include "aten/OpenRegTrace.h"
 
 namespace at {
@@ -96,7 +97,7 @@ struct structured_max_out_functional final : public at::native::structured_max_o
     return outputs_[output_idx];
   }
   std::array<at::Tensor, 2> outputs_;
-  c10::OptionalDeviceGuard guard_;
+  ::openreg::OptionalDeviceGuard guard_;
 };
 
 // max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
@@ -151,7 +152,7 @@ struct structured_max_out_out final : public at::native::structured_max_out {
   }
   std::array<std::reference_wrapper<at::Tensor>, 2> outputs_;
   std::array<std::optional<at::Tensor>, 2> proxy_outputs_;
-  c10::OptionalDeviceGuard guard_;
+  ::openreg::OptionalDeviceGuard guard_;
 };
 
 // max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)
