@@ -1,6 +1,6 @@
 #include "OpenRegGenerator.h"
 
-#include <deque>
+#include <vector>
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -62,13 +62,15 @@ OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {
 }
 
 const at::Generator& default_generator(c10::DeviceIndex device_index) {
-  static std::once_flag once;
-  static std::deque<at::Generator> generators; // deque: references stay valid
-  std::call_once(once, [] {
+  // A function-local static rather than std::call_once, which sets two
+  // thread-locals (calls into the dynamic linker here) on every call.
+  static const std::vector<at::Generator> generators = [] {
+    std::vector<at::Generator> made;
     for (c10::DeviceIndex i = 0; i < device_count(); ++i) {
-      generators.emplace_back(at::make_generator<OpenRegGeneratorImpl>(i));
+      made.emplace_back(at::make_generator<OpenRegGeneratorImpl>(i));
     }
-  });
+    return made;
+  }();
   const c10::DeviceIndex index = device_index == -1 ? peek_current_device() : device_index;
   if (index < 0 || static_cast<size_t>(index) >= generators.size()) {
     validate_device_index(index); // raises, naming the valid range
@@ -82,7 +84,7 @@ at::Generator new_generator(c10::DeviceIndex device_index) {
   return at::make_generator<OpenRegGeneratorImpl>(index);
 }
 
-at::Generator cpu_generator_for(
+const at::Generator& cpu_generator_for(
     const std::optional<at::Generator>& generator,
     c10::DeviceIndex device_index,
     const char* op) {

@@ -44,8 +44,9 @@ const at::Generator& default_generator(c10::DeviceIndex device_index);
 // The CPU generator a CPU kernel must draw from for openreg tensors of
 // `device_index`: an openreg generator's own, or with none given the device's
 // default one. A generator of another device raises, as CUDA's
-// check_generator does; `op` names the operator in that message.
-at::Generator cpu_generator_for(
+// check_generator does; `op` names the operator in that message. The
+// reference lives as long as `generator` (or the process, for the default).
+const at::Generator& cpu_generator_for(
     const std::optional<at::Generator>& generator,
     c10::DeviceIndex device_index,
     const char* op);

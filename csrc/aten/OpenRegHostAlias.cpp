@@ -102,12 +102,9 @@ constexpr size_t kRecycled = 8;
 
 } // namespace
 
-// Host alias objects that nothing references any more, for reuse on this
-// thread (recycle_host_alias, recycle_host_alias_storage).
+// Operand aliases that nothing references any more, for reuse on this
+// thread: each keeps its own storage (with no data) between calls.
 struct HostAliasPool {
-  c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> tensors;
-  c10::SmallVector<c10::intrusive_ptr<c10::StorageImpl>, kRecycled> storages;
-  // operand_alias's: each keeps its own storage (with no data) between calls.
   c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> operands;
 };
 
@@ -143,20 +140,12 @@ c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes) {
   return c10::DataPtr(data, data, &delete_host_visible, c10::Device(c10::DeviceType::CPU));
 }
 
-c10::Storage host_alias_storage(const c10::Storage& device_storage, HostAliasPool& recycled) {
+c10::Storage host_alias_storage(const c10::Storage& device_storage) {
   c10::StorageImpl* keep_alive = device_storage.unsafeGetStorageImpl();
   c10::raw::intrusive_ptr::incref(keep_alive);
   void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
   c10::DataPtr ptr(data, keep_alive, &release_device_storage, c10::Device(c10::DeviceType::CPU));
   const c10::DeviceIndex index = device_storage.device().has_index() ? device_storage.device().index() : 0;
-  if (!recycled.storages.empty()) {
-    c10::intrusive_ptr<c10::StorageImpl> impl = std::move(recycled.storages.back());
-    recycled.storages.pop_back();
-    impl->set_data_ptr_noswap(std::move(ptr));
-    impl->set_nbytes(device_storage.nbytes());
-    impl->set_allocator(growth_allocator(index));
-    return c10::Storage(std::move(impl));
-  }
   return c10::Storage(
       c10::Storage::use_byte_size_t(), device_storage.nbytes(), std::move(ptr),
       growth_allocator(index), /*resizable=*/true);
@@ -255,7 +244,7 @@ void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, Hos
     alias.reset();
     return;
   }
-  // As recycle_host_alias: an alias a kernel froze, marked as a wrapped
+  // An alias a kernel froze (detach-like metadata locks), marked as a wrapped
   // number or gave autograd metadata is left to be freed.
   if (pool.operands.size() == kRecycled || !impl->allow_tensor_metadata_change() || impl->is_wrapped_number() ||
       impl->autograd_meta() != nullptr) {
@@ -267,34 +256,6 @@ void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, Hos
   pool.operands.push_back(alias.unsafeReleaseIntrusivePtr());
 }
 
-void recycle_host_alias(at::Tensor&& alias, HostAliasPool& recycled) {
-  // Only an alias as host_alias made it: one a kernel froze (detach-like
-  // metadata locks) or marked as a wrapped number is left to be freed.
-  if (!alias.defined() || alias.use_count() != 1 || alias.weak_use_count() != 1 ||
-      recycled.tensors.size() == kRecycled || !alias.unsafeGetTensorImpl()->allow_tensor_metadata_change() ||
-      alias.unsafeGetTensorImpl()->is_wrapped_number()) {
-    return;
-  }
-  // Taken over from `alias` without touching its reference count (atomic).
-  c10::intrusive_ptr<c10::TensorImpl> impl = alias.unsafeReleaseIntrusivePtr();
-  impl->release_resources(); // drops the storage (and anything a kernel attached)
-  recycled.tensors.push_back(std::move(impl));
-}
-
-void recycle_host_alias_storage(c10::Storage&& host_storage, HostAliasPool& recycled) {
-  c10::StorageImpl* impl = host_storage.unsafeGetStorageImpl();
-  // Only a storage still over the operand's memory: one a kernel resized owns
-  // other memory (take_grown_device_memory).
-  if (impl == nullptr || host_storage.use_count() != 1 || c10::raw::weak_intrusive_ptr::use_count(impl) != 1 ||
-      impl->data_ptr().get_deleter() != &release_device_storage || !impl->resizable() ||
-      recycled.storages.size() == kRecycled) {
-    return;
-  }
-  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU))); // the device memory's reference
-  impl->set_nbytes(0);
-  recycled.storages.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim(host_storage.unsafeReleaseStorageImpl()));
-}
-
 std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage) {
   c10::DataPtr& ptr = host_storage.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
   // The host storage keeps pointing at the bytes; the device storage owns them now.
@@ -304,17 +265,9 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
   return take_host_visible(ptr.get());
 }
 
-at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage, HostAliasPool& recycled) {
-  at::Tensor alias;
-  if (!recycled.tensors.empty()) {
-    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(recycled.tensors.back());
-    recycled.tensors.pop_back();
-    impl->set_storage_and_dtype(host_storage, t.dtype());
-    alias = at::Tensor(std::move(impl));
-  } else {
-    alias = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  }
+at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   alias._set_conj(t.is_conj());
   alias._set_neg(t.is_neg());

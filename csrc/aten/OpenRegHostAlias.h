@@ -15,8 +15,8 @@
 
 namespace openreg {
 
-// This thread's recycled host alias objects (see recycle_host_alias). The
-// functions below that take one use it instead of looking it up again.
+// This thread's recycled operand aliases (see operand_alias), fetched once
+// per call by the callers.
 struct HostAliasPool;
 HostAliasPool& host_alias_pool();
 
@@ -24,10 +24,7 @@ HostAliasPool& host_alias_pool();
 // device memory alive for as long as it lives. If a CPU kernel resizes it, it
 // moves to fresh memory of the same openreg device (see
 // take_grown_device_memory) and the original device memory is left untouched.
-c10::Storage host_alias_storage(const c10::Storage& device_storage, HostAliasPool& pool);
-inline c10::Storage host_alias_storage(const c10::Storage& device_storage) {
-  return host_alias_storage(device_storage, host_alias_pool());
-}
+c10::Storage host_alias_storage(const c10::Storage& device_storage);
 
 // `nbytes` of fresh memory of openreg device `index`, as a CPU DataPtr at the
 // kernel address; take_grown_device_memory gives the device memory back.
@@ -44,24 +41,11 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
 
 // A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over
 // `host_storage` (from host_alias_storage(t.storage())).
-at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage, HostAliasPool& pool);
-inline at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
-  return host_alias(t, host_storage, host_alias_pool());
-}
+at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage);
 
 inline at::Tensor host_alias(const at::Tensor& t) {
-  HostAliasPool& pool = host_alias_pool();
-  return host_alias(t, host_alias_storage(t.storage(), pool), pool);
+  return host_alias(t, host_alias_storage(t.storage()));
 }
-
-// Hands a host alias (from host_alias) and then its storage (from
-// host_alias_storage) back once the caller is done with them. Objects nothing
-// else references are kept, per thread, for the next host_alias /
-// host_alias_storage, so a kernel call on small tensors does not allocate and
-// construct a CPU TensorImpl and StorageImpl per operand. The device memory
-// is released at once either way.
-void recycle_host_alias(at::Tensor&& alias, HostAliasPool& pool);
-void recycle_host_alias_storage(c10::Storage&& host_storage, HostAliasPool& pool);
 
 // Host aliases of HostCall's operands. Unlike host_alias's, an operand
 // alias's storage holds no reference to the device memory: the operand keeps
@@ -78,16 +62,16 @@ at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool);
 at::Tensor operand_alias_sharing(const at::TensorBase& t, const at::TensorBase& first);
 void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, HostAliasPool& pool);
 
-// A host alias of `t` for the length of a kernel call, recycled afterwards.
+// An operand alias of `t` for the length of a kernel call on it (`t` must
+// outlive it), ended (recycled) afterwards.
 class ScopedHostAlias {
  public:
   explicit ScopedHostAlias(const at::TensorBase& t)
-      : pool_(host_alias_pool()), storage_(host_alias_storage(t.storage(), pool_)), alias_(host_alias(t, storage_, pool_)) {}
+      : pool_(host_alias_pool()), device_storage_(t.storage().unsafeGetStorageImpl()), alias_(operand_alias(t, pool_)) {}
   ScopedHostAlias(const ScopedHostAlias&) = delete;
   ScopedHostAlias& operator=(const ScopedHostAlias&) = delete;
   ~ScopedHostAlias() {
-    recycle_host_alias(std::move(alias_), pool_);
-    recycle_host_alias_storage(std::move(storage_), pool_);
+    end_operand_alias(std::move(alias_), device_storage_, pool_);
   }
   const at::Tensor& get() const {
     return alias_;
@@ -95,7 +79,7 @@ class ScopedHostAlias {
 
  private:
   HostAliasPool& pool_;
-  c10::Storage storage_;
+  c10::StorageImpl* device_storage_;
   at::Tensor alias_;
 };
 

@@ -187,7 +187,7 @@ at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator>
 }
 
 namespace {
-at::Generator host_generator(const at::TensorIteratorBase& iter, const std::optional<at::Generator>& generator, const char* op) {
+const at::Generator& host_generator(const at::TensorIteratorBase& iter, const std::optional<at::Generator>& generator, const char* op) {
   return cpu_generator_for(generator, iter.device().index(), op);
 }
 } // namespace
@@ -202,7 +202,7 @@ void run_on_host_alias(
     const std::optional<at::Generator>& generator,
     const char* op,
     Args... args) {
-  const at::Generator cpu = cpu_generator_for(generator, self.device().index(), op);
+  const at::Generator& cpu = cpu_generator_for(generator, self.device().index(), op);
   join_current_stream(self.device().index());
   const ScopedHostAlias alias(self);
   stub(c10::DeviceType::CPU, alias.get(), args..., cpu);
