@@ -310,3 +310,20 @@ def test_cpu_kernel_that_keeps_its_input_keeps_the_device_memory_alive():
         assert torch.accelerator.memory_allocated(0) == baseline
     finally:
         lib._destroy()
+
+
+def test_cpu_kernel_written_in_python_runs_again_and_again():
+    # Host aliases are recycled between calls on a thread; a kernel written in
+    # Python gets them as Python tensors, and the calls after it still work.
+    lib = torch.library.Library("openreg_test_plus_one", "DEF")
+    try:
+        lib.define("plus_one(Tensor x) -> Tensor")
+        lib.impl("plus_one", lambda x: x + 1, "CPU")
+        a = torch.arange(4.0, device=DEV)
+        expected = torch.arange(4.0).view(2, 2)
+        for _ in range(20):
+            assert torch.ops.openreg_test_plus_one.plus_one(a).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+            m = a.view(2, 2)
+            assert_close(torch.mm(m, m).cpu(), expected @ expected)  # a cpu_kernels call reusing aliases
+    finally:
+        lib._destroy()

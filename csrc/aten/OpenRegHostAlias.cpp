@@ -245,9 +245,10 @@ void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, Hos
     return;
   }
   // An alias a kernel froze (detach-like metadata locks), marked as a wrapped
-  // number or gave autograd metadata is left to be freed.
+  // number, gave autograd metadata or handed to Python (a kernel written in
+  // Python) is left to be freed.
   if (pool.operands.size() == kRecycled || !impl->allow_tensor_metadata_change() || impl->is_wrapped_number() ||
-      impl->autograd_meta() != nullptr) {
+      impl->autograd_meta() != nullptr || impl->pyobj_slot()->load_pyobj() != nullptr) {
     alias.reset();
     return;
   }
