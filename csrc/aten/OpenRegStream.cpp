@@ -14,11 +14,15 @@ namespace {
 constexpr int kStreamsPerPool = 8;
 constexpr int kPriorityLevels = 2; // priority 0 and -1, orDeviceGetStreamPriorityRange
 
+// Streams are made on first use. Every kernel call looks its stream up, so the
+// made ones are read through atomics first: std::call_once alone would set two
+// thread-locals on every call (libstdc++), each a call into the dynamic linker
+// from this dlopen'ed library.
 struct DeviceStreams {
   std::once_flag once;
-  orStream_t default_stream = nullptr;
+  std::atomic<orStream_t> default_stream{nullptr};
   std::array<std::array<std::once_flag, kStreamsPerPool>, kPriorityLevels> pool_once;
-  std::array<std::array<orStream_t, kStreamsPerPool>, kPriorityLevels> pool{};
+  std::array<std::array<std::atomic<orStream_t>, kStreamsPerPool>, kPriorityLevels> pool{};
   std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
 };
 
@@ -40,14 +44,19 @@ c10::StreamId pool_id(int level, int index) {
 
 orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
   DeviceStreams& d = devices()[device];
+  if (orStream_t made = d.pool[level][index].load(std::memory_order_acquire)) {
+    return made;
+  }
   std::call_once(d.pool_once[level][index], [&] {
     const int previous = current_device();
     set_device(device);
-    const orError status = orStreamCreateWithPriority(&d.pool[level][index], level == 1 ? -1 : 0);
+    orStream_t stream = nullptr;
+    const orError status = orStreamCreateWithPriority(&stream, level == 1 ? -1 : 0);
     set_device(static_cast<c10::DeviceIndex>(previous));
     OPENREG_CHECK(status);
+    d.pool[level][index].store(stream, std::memory_order_release);
   });
-  return d.pool[level][index];
+  return d.pool[level][index].load(std::memory_order_acquire);
 }
 
 } // namespace
@@ -62,8 +71,15 @@ namespace {
 orStream_t valid_raw_stream(c10::DeviceIndex device, c10::StreamId id) {
   if (id == 0) {
     DeviceStreams& d = devices()[device];
-    std::call_once(d.once, [&] { OPENREG_CHECK(orStreamGetDefault(&d.default_stream, device)); });
-    return d.default_stream;
+    if (orStream_t made = d.default_stream.load(std::memory_order_acquire)) {
+      return made;
+    }
+    std::call_once(d.once, [&] {
+      orStream_t stream = nullptr;
+      OPENREG_CHECK(orStreamGetDefault(&stream, device));
+      d.default_stream.store(stream, std::memory_order_release);
+    });
+    return d.default_stream.load(std::memory_order_acquire);
   }
   const int level = static_cast<int>((id - 1) / kStreamsPerPool);
   return pool_stream(device, level, static_cast<int>((id - 1) % kStreamsPerPool));
