@@ -203,23 +203,9 @@ at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool) {
       return at::Tensor(std::move(impl));
     }
   }
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(c10::Storage::use_byte_size_t(), device.nbytes(), borrowed(device), growth_allocator(index),
-                   /*resizable=*/true),
-      c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  alias._set_conj(t.is_conj());
-  alias._set_neg(t.is_neg());
-  return alias;
-}
-
-at::Tensor operand_alias_sharing(const at::TensorBase& t, const at::TensorBase& first) {
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(first.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  alias._set_conj(t.is_conj());
-  alias._set_neg(t.is_neg());
-  return alias;
+  return host_alias(
+      t, c10::Storage(c10::Storage::use_byte_size_t(), device.nbytes(), borrowed(device), growth_allocator(index),
+                      /*resizable=*/true));
 }
 
 void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, HostAliasPool& pool) {

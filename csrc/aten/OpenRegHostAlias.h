@@ -51,15 +51,13 @@ inline at::Tensor host_alias(const at::Tensor& t) {
 // alias's storage holds no reference to the device memory: the operand keeps
 // that alive during the call. A recycled operand alias keeps its own storage,
 // so making one changes no reference count.
-// - operand_alias: an alias of `t` with a storage of its own;
-// - operand_alias_sharing: an alias of `t` on the storage of `first` (an
-//   operand_alias of another tensor on the same device storage);
+// - operand_alias: an alias of `t` with a storage of its own (another operand
+//   on the same device storage shares that storage: host_alias(t, storage));
 // - end_operand_alias, once the CPU kernel is done (the ones sharing a
 //   storage first): recycles the alias if nothing else holds it or its storage;
 //   otherwise its storage takes a reference to `device_storage`, so whatever
 //   kept it stays valid.
 at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool);
-at::Tensor operand_alias_sharing(const at::TensorBase& t, const at::TensorBase& first);
 void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, HostAliasPool& pool);
 
 // An operand alias of `t` for the length of a kernel call on it (`t` must

@@ -247,7 +247,7 @@ const at::Tensor& HostCall::host(const at::Tensor& t, bool borrow) {
     return *known;
   }
   if (same_storage != nullptr) {
-    return add_operand(Operand{operand_alias_sharing(t, *same_storage), keep(t, borrow), device_storage, false}).alias;
+    return add_operand(Operand{host_alias(t, same_storage->storage()), keep(t, borrow), device_storage, false}).alias;
   }
   return add_operand(Operand{operand_alias(t, pool()), keep(t, borrow), device_storage, true}).alias;
 }
