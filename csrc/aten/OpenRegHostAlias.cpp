@@ -162,6 +162,7 @@ c10::DataPtr borrowed(const c10::StorageImpl& device_storage) {
   return c10::DataPtr(data, nullptr, &borrowed_device_memory, c10::Device(c10::DeviceType::CPU));
 }
 
+// ArrayRef::equals, without the memcmp call it makes for a few elements.
 bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
   if (a.size() != b.size()) {
     return false;
@@ -174,6 +175,8 @@ bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
   return true;
 }
 
+// `t`'s sizes, strides, offset and conj/neg bits, set only where they differ
+// (a recycled alias usually has them already).
 void set_geometry(c10::TensorImpl& alias, const at::TensorBase& t) {
   if (!same(alias.sizes(), t.sizes()) || !same(alias.strides(), t.strides())) {
     alias.set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
@@ -255,9 +258,7 @@ std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_st
 at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
   at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  alias._set_conj(t.is_conj());
-  alias._set_neg(t.is_neg());
+  set_geometry(*alias.unsafeGetTensorImpl(), t);
   return alias;
 }
 
