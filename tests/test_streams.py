@@ -156,6 +156,26 @@ def test_event_wait_blocks_only_the_waiting_stream():
     assert a.query() and e.query()
 
 
+def test_a_kernel_waits_for_its_own_stream_only():
+    # While any stream has queued work, a kernel looks its own stream up; it
+    # must not wait for another stream's work (nor skip its own).
+    busy, own = torch.openreg.Stream(), torch.openreg.Stream()
+    with torch.openreg.stream(busy):
+        torch.openreg._sleep(400)
+    src = torch.arange(N, dtype=torch.float32).pin_memory()
+    dst = torch.empty(N, device="openreg")
+    start = time.perf_counter()
+    with torch.openreg.stream(own):
+        dst.copy_(src, non_blocking=True)
+        doubled = dst * 2
+    x = torch.ones(4, device="openreg") + 1  # on the idle default stream
+    elapsed = time.perf_counter() - start
+    assert not busy.query()
+    assert elapsed < 0.3
+    assert_close(doubled.cpu(), src * 2)
+    assert_close(x.cpu(), torch.full((4,), 2.0))
+
+
 def test_elapsed_time_with_timing_events():
     start, end = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)
     start.record()

@@ -197,11 +197,24 @@ at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool) {
   for (size_t i = pool.operands.size(); i-- > 0;) {
     if (pool.operands[i]->dtype() == t.dtype()) {
       c10::intrusive_ptr<c10::TensorImpl> impl = std::move(pool.operands[i]);
-      pool.operands.erase(pool.operands.begin() + static_cast<std::ptrdiff_t>(i));
+      if (i + 1 == pool.operands.size()) {
+        pool.operands.pop_back();
+      } else {
+        pool.operands.erase(pool.operands.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      // It still views the memory of its last operand, often this one: only
+      // what differs is written.
       c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
-      storage->set_data_ptr_noswap(borrowed(device));
-      storage->set_nbytes(device.nbytes());
-      storage->set_allocator(growth_allocator(index));
+      if (storage->data_ptr().get() != orKernelAddress(device.data_ptr().get())) {
+        storage->set_data_ptr_noswap(borrowed(device));
+      }
+      if (storage->nbytes() != device.nbytes()) {
+        storage->set_nbytes(device.nbytes());
+      }
+      c10::Allocator* growth = growth_allocator(index);
+      if (storage->allocator() != growth) {
+        storage->set_allocator(growth);
+      }
       set_geometry(*impl, t);
       return at::Tensor(std::move(impl));
     }
@@ -241,8 +254,9 @@ void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, Hos
     alias.reset();
     return;
   }
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
-  storage->set_nbytes(0);
+  // Its storage keeps viewing the operand's memory (without owning it), so
+  // the next call on the same operand finds it set up; nothing reads a pooled
+  // alias.
   pool.operands.push_back(alias.unsafeReleaseIntrusivePtr());
 }
 

@@ -74,6 +74,9 @@ class ScopedHostAlias {
   const at::Tensor& get() const {
     return alias_;
   }
+  at::Tensor& get() {
+    return alias_;
+  }
 
  private:
   HostAliasPool& pool_;

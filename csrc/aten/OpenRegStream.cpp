@@ -147,6 +147,9 @@ void synchronize_stream(const c10::Stream& stream) {
 }
 
 void wait_current_stream(c10::DeviceIndex device) {
+  if (orStreamQueryAll() == orError::Success) {
+    return; // nothing queued anywhere, so neither on the current stream
+  }
   // `device` is a tensor's, so valid, and current ids are validated when set.
   TORCH_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "openreg device index ", static_cast<int>(device));
   orStream_t raw = valid_raw_stream(device, current_ids[device]);

@@ -27,6 +27,10 @@ InitState& state() {
 
 thread_local int current_device = 0;
 
+// The configuration once orInit succeeded: every kernel address translation
+// reads it, so it is one load rather than a call to state().
+std::atomic<const detail::Config*> ready_config{nullptr};
+
 orError bad_config(InitState& s, std::string message) {
   s.message = std::move(message);
   return orError::InvalidConfiguration;
@@ -100,6 +104,7 @@ void initialize(InitState& s) {
   if (s.status == orError::Success) {
     detail::install_fault_handler();
     s.ready.store(true, std::memory_order_release);
+    ready_config.store(&s.config, std::memory_order_release);
   }
 }
 
@@ -115,8 +120,7 @@ orError check_device(int device) {
 }
 
 const Config* config() {
-  InitState& s = state();
-  return s.ready.load(std::memory_order_acquire) ? &s.config : nullptr;
+  return ready_config.load(std::memory_order_acquire);
 }
 } // namespace detail
 

@@ -123,6 +123,9 @@ orError orStreamGetPriority(orStream_t stream, int* priority);
 orError orStreamGetId(orStream_t stream, uint64_t* id);
 // Success when all work queued so far has finished, NotReady otherwise.
 orError orStreamQuery(orStream_t stream);
+// Success when every stream of every device has finished its queued work (so
+// no per-stream query is needed), NotReady otherwise.
+orError orStreamQueryAll();
 orError orStreamSynchronize(orStream_t stream);
 // Later work on `stream` waits until `event`'s last record has completed.
 orError orStreamWaitEvent(orStream_t stream, orEvent_t event);

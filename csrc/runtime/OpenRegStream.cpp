@@ -15,6 +15,14 @@
 
 namespace openreg {
 
+namespace {
+// Tasks queued on any stream of the process and not yet completed. Kernels run
+// on the calling thread, so queued tasks (async copies, host functions, event
+// markers) are rare: when this is 0, every stream is idle, which a kernel
+// launch reads with one load instead of looking up its stream.
+std::atomic<uint64_t> pending_tasks{0};
+} // namespace
+
 struct orStream {
   orStream(int device, int priority) : device(device), priority(priority), id(next_id.fetch_add(1) + 1) {}
 
@@ -45,6 +53,7 @@ struct orStream {
       worker_started = true;
     }
     queue.push_back(std::move(task));
+    pending_tasks.fetch_add(1, std::memory_order_relaxed);
     const uint64_t position = enqueued.fetch_add(1, std::memory_order_release) + 1;
     work_ready.notify_one();
     return position;
@@ -60,6 +69,7 @@ struct orStream {
       task();
       lock.lock();
       completed.fetch_add(1, std::memory_order_release);
+      pending_tasks.fetch_sub(1, std::memory_order_release);
       work_done.notify_all();
     }
   }
@@ -264,6 +274,12 @@ orError orStreamQuery(orStream_t stream) {
     return orError::InvalidValue;
   }
   return stream->idle() ? orError::Success : orError::NotReady;
+}
+
+orError orStreamQueryAll() {
+  // Acquire: reading 0 makes every completed task's writes visible, as
+  // orStreamQuery's acquire of a stream's completed count does.
+  return pending_tasks.load(std::memory_order_acquire) == 0 ? orError::Success : orError::NotReady;
 }
 
 orError orStreamSynchronize(orStream_t stream) {

@@ -20,11 +20,12 @@
 //   hardtanh_backward(.grad_input): a binary iterator, hardtanh_backward_stub.
 // - uniform_, random_ (3 forms): a nullary iterator and uniform_stub /
 //   random_stub / random_from_to_stub / random_full_64_bits_range_stub;
-//   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub, which take
-//   the tensor itself, so their openreg kernels hand the CPU kernel a host
-//   alias. These kernels run the CPU kernels with the CPU generator of the
-//   openreg generator (or of the device's default one), as HostCall does for
-//   `cpu_kernels`, so the stream of numbers is CPU's for the same seed.
+//   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
+//   tensor itself, so the openreg kernels run torch's implementation on a host
+//   alias of it, which reaches the CPU stubs directly. These kernels run the
+//   CPU kernels with the CPU generator of the openreg generator (or of the
+//   device's default one), as HostCall does for `cpu_kernels`, so the stream
+//   of numbers is CPU's for the same seed.
 //
 // where_kernel and masked_fill_stub take a bool condition or mask next to
 // operands of another dtype, and their iterators do not promote inputs. On a
@@ -152,14 +153,31 @@ at::Tensor& hardtanh_backward_out(
   return at::native::hardtanh_backward_out(grad_output, self, min_val, max_val, grad_input);
 }
 
+namespace {
+// normal_ and bernoulli_.float: their stubs take the tensor itself rather
+// than an iterator, so torch's implementation runs on a host alias of `self`
+// (CPU's checks, then the CPU stub), with the openreg generator's CPU state.
+template <typename Impl>
+at::Tensor& on_host_alias(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Impl&& impl) {
+  check_on_openreg(self, op);
+  const at::Generator& cpu = cpu_generator_for(generator, self.device().index(), op);
+  join_current_stream(self.device().index());
+  ScopedHostAlias alias(self);
+  impl(alias.get(), cpu);
+  return self;
+}
+} // namespace
+
 at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
-  check_on_openreg(self, "aten::normal_");
-  return at::native::normal_(self, mean, std, std::move(generator));
+  return on_host_alias(self, generator, "aten::normal_", [&](at::Tensor& host, const at::Generator& cpu) {
+    at::native::normal_(host, mean, std, cpu);
+  });
 }
 
 at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> generator) {
-  check_on_openreg(self, "aten::bernoulli_");
-  return at::native::bernoulli_(self, p, std::move(generator));
+  return on_host_alias(self, generator, "aten::bernoulli_", [&](at::Tensor& host, const at::Generator& cpu) {
+    at::native::bernoulli_(host, p, cpu);
+  });
 }
 
 at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> generator) {
@@ -191,35 +209,6 @@ const at::Generator& host_generator(const at::TensorIteratorBase& iter, const st
   return cpu_generator_for(generator, iter.device().index(), op);
 }
 } // namespace
-
-namespace {
-// A random stub that takes the tensor itself rather than an iterator: the CPU
-// kernel gets a host alias of it and the openreg generator's CPU state.
-template <typename Stub, typename... Args>
-void run_on_host_alias(
-    Stub& stub,
-    const at::TensorBase& self,
-    const std::optional<at::Generator>& generator,
-    const char* op,
-    Args... args) {
-  const at::Generator& cpu = cpu_generator_for(generator, self.device().index(), op);
-  join_current_stream(self.device().index());
-  const ScopedHostAlias alias(self);
-  stub(c10::DeviceType::CPU, alias.get(), args..., cpu);
-}
-} // namespace
-
-void normal_kernel(
-    const at::TensorBase& self,
-    const double mean,
-    const double std,
-    std::optional<at::Generator> generator) {
-  run_on_host_alias(at::native::normal_stub, self, generator, "aten::normal_", mean, std);
-}
-
-void bernoulli_scalar_kernel(const at::TensorBase& self, const double p, std::optional<at::Generator> generator) {
-  run_on_host_alias(at::native::bernoulli_scalar_stub, self, generator, "aten::bernoulli_", p);
-}
 
 void uniform_kernel(
     at::TensorIteratorBase& iter,
