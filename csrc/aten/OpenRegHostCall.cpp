@@ -71,6 +71,19 @@ const bool installed = [] {
   return true;
 }();
 
+// Moves a tensor whose storage now holds device memory to that device.
+// TensorImpl::set_storage_keep_dtype(t.storage()) does it by reassigning the
+// tensor's own storage, two reference-count changes (atomic operations) for
+// nothing; a pointer to the protected member, formed through a derived class as
+// C++ allows, sets the device alone, as that function's second line does.
+struct DeviceOfTensorImpl : c10::TensorImpl {
+  static constexpr std::optional<c10::Device> c10::TensorImpl::*device = &DeviceOfTensorImpl::device_opt_;
+};
+
+void move_to_storage_device(c10::TensorImpl& impl) {
+  impl.*DeviceOfTensorImpl::device = impl.storage().device();
+}
+
 std::string device_name(const c10::Device& device) {
   return device.str();
 }
@@ -410,7 +423,7 @@ std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
     // openreg tensor itself, its storage now owning the device memory.
     host->set_data_ptr_noswap(std::move(*device_memory));
     host->set_allocator(device_allocator());
-    impl->set_storage_keep_dtype(t.storage());
+    move_to_storage_device(*impl);
     impl->_change_backend_component_keys(*device_);
     // The result keeps its storage alive for the rest of the call.
     fresh_.push_back(Fresh{host, host, c10::Storage()});
