@@ -84,6 +84,34 @@ void move_to_storage_device(c10::TensorImpl& impl) {
   impl.*DeviceOfTensorImpl::device = impl.storage().device();
 }
 
+// Calls f with each element of a list of optional tensors, as a pointer to the
+// list's own tensor (null for None). Iterating a c10::List converts each
+// element into a temporary std::optional<at::Tensor>, a copy that changes the
+// reference count of a tensor Python holds through the interpreter.
+template <class F>
+void for_each_tensor(const c10::List<std::optional<at::Tensor>>& tensors, F&& f) {
+  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+    const c10::IValue& element = (*it).get();
+    f(element.isNone() ? nullptr : &element.toTensor());
+  }
+}
+
+} // namespace
+
+// A list for HostCall::host(list), reused by the next call on the thread when
+// the kernel did not keep it.
+struct SpareList {
+  c10::List<std::optional<at::Tensor>> list;
+  bool in_use = false;
+};
+
+namespace {
+
+SpareList& spare_list() {
+  thread_local SpareList spare;
+  return spare;
+}
+
 std::string device_name(const c10::Device& device) {
   return device.str();
 }
@@ -125,6 +153,18 @@ HostCall::~HostCall() {
     redirect_device = previous_redirect_;
   }
   written_.clear(); // (finish() did, unless the kernel threw)
+  // The lists hold references to operand aliases: drop them before the
+  // aliases end. A list the kernel kept (c10::List shares its elements) is
+  // left to it, and the spare is replaced.
+  if (spare_list_ != nullptr) {
+    if (spare_list_->list.use_count() == 1) {
+      spare_list_->list.clear();
+    } else {
+      spare_list_->list = c10::List<std::optional<at::Tensor>>();
+    }
+    spare_list_->in_use = false;
+  }
+  more_lists_.clear();
   if (pool_ == nullptr) {
     return; // no operand had a host alias
   }
@@ -189,9 +229,11 @@ void HostCall::note(at::ITensorListRef tensors, const char* argument) {
 }
 
 void HostCall::note(const c10::List<std::optional<at::Tensor>>& tensors, const char* argument) {
-  for (const std::optional<at::Tensor>& t : tensors) {
-    note(t, argument);
-  }
+  for_each_tensor(tensors, [&](const at::Tensor* t) {
+    if (t != nullptr) {
+      note(*t, argument);
+    }
+  });
 }
 
 void HostCall::note(const std::optional<at::Device>& device, const char* argument) {
@@ -292,13 +334,21 @@ HostTensors HostCall::host(at::ITensorListRef tensors) {
   return out;
 }
 
-c10::List<std::optional<at::Tensor>> HostCall::host(const c10::List<std::optional<at::Tensor>>& tensors) {
-  c10::List<std::optional<at::Tensor>> out;
-  out.reserve(tensors.size());
-  for (const std::optional<at::Tensor>& t : tensors) {
-    // `t` is a temporary (c10::List converts its elements): own the operand.
-    out.push_back(t.has_value() ? std::optional<at::Tensor>(host(*t, /*borrow=*/false)) : std::nullopt);
+const c10::List<std::optional<at::Tensor>>& HostCall::host(const c10::List<std::optional<at::Tensor>>& tensors) {
+  c10::List<std::optional<at::Tensor>>* list = nullptr;
+  SpareList& spare = spare_list();
+  if (spare_list_ == nullptr && !spare.in_use) {
+    spare.in_use = true;
+    spare_list_ = &spare;
+    list = &spare.list;
+  } else {
+    list = &more_lists_.emplace_back();
   }
+  c10::List<std::optional<at::Tensor>>& out = *list;
+  out.reserve(tensors.size());
+  for_each_tensor(tensors, [&](const at::Tensor* t) {
+    out.push_back(t != nullptr ? std::optional<at::Tensor>(host(*t)) : std::nullopt);
+  });
   return out;
 }
 

@@ -95,7 +95,7 @@ class HostCall {
   at::Tensor written(const at::Tensor& t);
   std::optional<at::Tensor> host(const std::optional<at::Tensor>& t);
   HostTensors host(at::ITensorListRef tensors);
-  c10::List<std::optional<at::Tensor>> host(const c10::List<std::optional<at::Tensor>>& tensors);
+  const c10::List<std::optional<at::Tensor>>& host(const c10::List<std::optional<at::Tensor>>& tensors);
   c10::Storage host(const c10::Storage& storage);
   std::optional<at::Device> device(const std::optional<at::Device>& device) const;
   // The openreg generator's CPU generator; with none given, the device's
@@ -184,6 +184,11 @@ class HostCall {
   bool other_generator_ = false;
   std::optional<c10::DeviceGuard> guard_;
   HostAliasPool* pool_ = nullptr; // this thread's, fetched at the first host alias
+  // host()'s lists of optional tensors: the first is this thread's spare list
+  // when no other call on the thread uses it (making a c10::List allocates it
+  // and copies its element type, a shared_ptr), the others are made here.
+  struct SpareList* spare_list_ = nullptr;
+  std::list<c10::List<std::optional<at::Tensor>>> more_lists_;
   bool redirecting_ = false;
   c10::DeviceIndex previous_redirect_ = -1;
   c10::SmallVector<Fresh, 2> fresh_;
