@@ -17,7 +17,6 @@ struct InitState {
   orError status = orError::Success;
   std::string message;
   detail::Config config;
-  std::atomic<bool> ready{false};
 };
 
 InitState& state() {
@@ -27,8 +26,9 @@ InitState& state() {
 
 thread_local int current_device = 0;
 
-// The configuration once orInit succeeded: every kernel address translation
-// reads it, so it is one load rather than a call to state().
+// The configuration once orInit succeeded (null until then): every kernel
+// address translation reads it, so it is one load rather than a call to
+// state().
 std::atomic<const detail::Config*> ready_config{nullptr};
 
 orError bad_config(InitState& s, std::string message) {
@@ -103,7 +103,6 @@ void initialize(InitState& s) {
   }
   if (s.status == orError::Success) {
     detail::install_fault_handler();
-    s.ready.store(true, std::memory_order_release);
     ready_config.store(&s.config, std::memory_order_release);
   }
 }
@@ -140,7 +139,7 @@ const char* orGetErrorString(orError error) {
 
 orError orInit(const char** message) {
   InitState& s = state();
-  if (!s.ready.load(std::memory_order_acquire)) {
+  if (ready_config.load(std::memory_order_acquire) == nullptr) {
     std::call_once(s.once, [&] { initialize(s); });
   }
   if (message != nullptr) {
