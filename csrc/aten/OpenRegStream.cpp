@@ -42,21 +42,27 @@ c10::StreamId pool_id(int level, int index) {
   return 1 + level * kStreamsPerPool + index;
 }
 
-orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
-  DeviceStreams& d = devices()[device];
-  if (orStream_t made = d.pool[level][index].load(std::memory_order_acquire)) {
+// The stream in `slot`, made by `make` (which returns it) on first use.
+template <typename Make>
+orStream_t made_once(std::atomic<orStream_t>& slot, std::once_flag& once, Make&& make) {
+  if (orStream_t made = slot.load(std::memory_order_acquire)) {
     return made;
   }
-  std::call_once(d.pool_once[level][index], [&] {
+  std::call_once(once, [&] { slot.store(make(), std::memory_order_release); });
+  return slot.load(std::memory_order_acquire);
+}
+
+orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
+  DeviceStreams& d = devices()[device];
+  return made_once(d.pool[level][index], d.pool_once[level][index], [&] {
     const int previous = current_device();
     set_device(device);
     orStream_t stream = nullptr;
     const orError status = orStreamCreateWithPriority(&stream, level == 1 ? -1 : 0);
     set_device(static_cast<c10::DeviceIndex>(previous));
     OPENREG_CHECK(status);
-    d.pool[level][index].store(stream, std::memory_order_release);
+    return stream;
   });
-  return d.pool[level][index].load(std::memory_order_acquire);
 }
 
 } // namespace
@@ -71,15 +77,11 @@ namespace {
 orStream_t valid_raw_stream(c10::DeviceIndex device, c10::StreamId id) {
   if (id == 0) {
     DeviceStreams& d = devices()[device];
-    if (orStream_t made = d.default_stream.load(std::memory_order_acquire)) {
-      return made;
-    }
-    std::call_once(d.once, [&] {
+    return made_once(d.default_stream, d.once, [&] {
       orStream_t stream = nullptr;
       OPENREG_CHECK(orStreamGetDefault(&stream, device));
-      d.default_stream.store(stream, std::memory_order_release);
+      return stream;
     });
-    return d.default_stream.load(std::memory_order_acquire);
   }
   const int level = static_cast<int>((id - 1) / kStreamsPerPool);
   return pool_stream(device, level, static_cast<int>((id - 1) % kStreamsPerPool));
