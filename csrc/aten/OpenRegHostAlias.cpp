@@ -197,11 +197,7 @@ at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool) {
   for (size_t i = pool.operands.size(); i-- > 0;) {
     if (pool.operands[i]->dtype() == t.dtype()) {
       c10::intrusive_ptr<c10::TensorImpl> impl = std::move(pool.operands[i]);
-      if (i + 1 == pool.operands.size()) {
-        pool.operands.pop_back();
-      } else {
-        pool.operands.erase(pool.operands.begin() + static_cast<std::ptrdiff_t>(i));
-      }
+      pool.operands.erase(pool.operands.begin() + static_cast<std::ptrdiff_t>(i));
       // It still views the memory of its last operand, often this one: only
       // what differs is written.
       c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
