@@ -12,7 +12,7 @@ import os
 
 from codegen.emit_cpu_kernels import register_cpu_kernels
 from codegen.emit_custom import kernel_entries, register_custom_ops
-from codegen.emit_structured import register_structured
+from codegen.emit_structured import impl_declaration, register_structured
 from codegen.model import (
     CPU_KERNEL_HEADER,
     CPU_KERNEL_TEMPLATE,
@@ -74,6 +74,8 @@ def native_functions_header(cfg: BackendConfig) -> str:
         with native_function_manager(entry.func):
             schema = entry.func.func if entry.func.namespace == "aten" else f"{entry.func.namespace}::{entry.func.func}"
             decls.append(f"// {schema}\n{kernel_signature(entry).decl(name=entry.kernel)};")
+    for s in (s for s in cfg.structured if s.impl is not None):
+        decls.append(f"// impl() of the structured {s.name}, after {s.parent_class}::meta\n{impl_declaration(s)};")
     for st in (st for st in cfg.stubs if st.kernel is not None):
         # Declared with the stub's own function type, so the kernel's
         # definition must have exactly the stub's parameters.
@@ -85,6 +87,8 @@ def native_functions_header(cfg: BackendConfig) -> str:
     stub_headers = "".join(f"#include <{h}>\n" for h in sorted({st.decl.header for st in cfg.stubs}))
     if stub_headers:
         stub_headers = "\n#include <type_traits>\n\n" + stub_headers
+    if any(s.impl is not None for s in cfg.structured):
+        stub_headers = "#include <ATen/core/IListRef.h>\n" + stub_headers
     return f"""{banner(cfg)}
 #pragma once
 
@@ -212,7 +216,7 @@ def kernel_table(cfg: BackendConfig) -> str:
     route = f"{TRACE_NAMESPACE}::Route::"
     rows = [(f"aten::{k.name}", "Kernel", f"{cfg.cpp_namespace}::{k.kernel}") for k in cfg.kernels]
     rows += [
-        (f"aten::{f.func.name}", "Structured", s.parent_class) for s in cfg.structured for f in s.functions()
+        (f"aten::{f.func.name}", "Structured", s.serving(cfg.cpp_namespace)) for s in cfg.structured for f in s.functions()
     ]
     rows += [
         (f"aten::{c.name}", "CpuKernel", f"at::_ops::{c.name.unambiguous_name()}::redispatch") for c in cfg.cpu_kernels

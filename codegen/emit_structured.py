@@ -19,7 +19,7 @@ SymInt conversions follow the schemas of the installed torch.
 
 from __future__ import annotations
 
-from codegen.model import CPU_KERNEL_HEADER, DEVICE_HEADER, STRUCTURED_PREPARE, TRACE_HEADER, BackendConfig, StructuredEntry, trace_scope
+from codegen.model import CPU_KERNEL_HEADER, DEVICE_HEADER, NATIVE_HEADER, STRUCTURED_PREPARE, TRACE_HEADER, BackendConfig, StructuredEntry, trace_scope
 from torchgen.api import structured
 from torchgen.api.translate import translate
 from torchgen.api.types import (
@@ -104,7 +104,7 @@ def indent(text: str, n: int) -> str:
 
 
 def class_name(entry: StructuredEntry, kind: SchemaKind) -> str:
-    return f"structured_{entry.cpu_kernel.kernel}_{kind.name}"
+    return f"structured_{entry.stem}_{kind.name}"
 
 
 def set_output_body(kind: SchemaKind, proxy: bool) -> str:
@@ -175,12 +175,19 @@ def wrapper_signature(f: NativeFunction) -> NativeSignature:
     return NativeSignature(f.func, prefix="wrapper_PrivateUse1_", symint=False)
 
 
+def impl_declaration(entry: StructuredEntry) -> str:
+    """An openreg impl() function: the parameters of the group's impl()."""
+    with native_function_manager(entry.group.out):
+        params = ", ".join(a.decl() for a in structured.impl_arguments(entry.group))
+    return f"void {entry.impl}({params})"
+
+
 def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
     g = entry.group
     kind = f.func.kind()
     sig = wrapper_signature(f)
     context: list[Binding | Expr] = list(sig.arguments())
-    body = [trace_scope(f"aten::{f.func.name}", "Structured", entry.parent_class)]
+    body = [trace_scope(f"aten::{f.func.name}", "Structured", entry.serving(namespace))]
     name = class_name(entry, kind)
     if kind is SchemaKind.functional:
         body.append(f"{name} op;")
@@ -208,8 +215,11 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
         expr = f"op.maybe_get_output({i})" if kind is SchemaKind.out else f"op.outputs_[{i}]"
         context.append(Expr(expr=expr, type=NamedCType(out_arg.nctype.name, MutRefCType(BaseCType(tensorT)))))
     impl_exprs = ", ".join(e.expr for e in translate(context, structured.impl_arguments(g), method=False))
-    body.append(f"::{namespace}::{STRUCTURED_PREPARE}(op);")
-    body.append(f"op.impl({impl_exprs});")
+    if entry.impl is not None:
+        body.append(f"::{namespace}::{entry.impl}({impl_exprs});")
+    else:
+        body.append(f"::{namespace}::{STRUCTURED_PREPARE}(op);")
+        body.append(f"op.impl({impl_exprs});")
 
     returns = len(f.func.returns)
     if kind is not SchemaKind.functional:
@@ -253,7 +263,7 @@ def register_structured(cfg: BackendConfig, banner: str) -> dict[str, str]:
 def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) -> str:
     blocks, impls, headers = [], [], set()
     for entry in entries:
-        headers.add(f"ATen/ops/{entry.group.root_name}_native.h")
+        headers.add(f"ATen/ops/{entry.group.root_name}_{'meta' if entry.impl is not None else 'native'}.h")
         for f in entry.functions():  # the loader admits no group with a mutable variant
             with native_function_manager(f):
                 blocks.append(gen_class(entry, f) + "\n\n" + gen_wrapper(entry, f, namespace))
@@ -261,6 +271,8 @@ def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) 
     if not blocks:
         return f"{banner}\n// No structured groups in this shard.\n"
     includes = "".join(f"#include <{h}>\n" for h in sorted(headers))
+    if any(entry.impl is not None for entry in entries):
+        includes += f'\n#include "{NATIVE_HEADER}"\n'  # the openreg impl() functions
     body = "\n\n".join(blocks)
     registrations = "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n" + "\n".join(impls) + "\n}\n"
     return f"""{banner}

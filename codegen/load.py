@@ -50,7 +50,7 @@ CPU_KERNEL_KEYS = ("op",)
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg")
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
-STRUCTURED_KEYS = ("op",)
+STRUCTURED_KEYS = ("op", "impl")
 STUB_KEYS = ("stub", "kernel", "cpu_kernel")
 _ITERATORS = ("TensorIteratorBase&", "TensorIterator&")
 CUSTOM_OP_KEYS = ("schema", "kernel", "meta", "backward")
@@ -242,13 +242,15 @@ class _Reader:
                     self.key_loc(entry, "op"),
                     f"'{name}' has a mutable variant, which structured kernels do not support; bind it under 'kernels'",
                 )
+            impl = self.get(entry, "impl", str, what, default=None)
             kernel = cpu_kernel(g)
-            if kernel is None or not kernel.structured:
+            if impl is None and (kernel is None or not kernel.structured):
                 raise YamlError(
                     self.key_loc(entry, "op"),
-                    f"'{name}' has no structured CPU kernel whose class openreg could reuse; bind it under 'kernels'",
+                    f"'{name}' has no structured CPU kernel whose class openreg could reuse; give it an openreg "
+                    "'impl' or bind it under 'kernels'",
                 )
-            out.append(StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE])))
+            out.append(StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE]), impl=impl))
         return tuple(out)
 
     def cpu_kernels(self, top: dict[str, Any], policy: FallbackPolicy) -> tuple[CpuKernelEntry, ...]:
@@ -428,6 +430,7 @@ class _Reader:
         named: list[tuple[str, Location]] = [(k.kernel, k.loc) for k in cfg.kernels]
         named += [(n, c.loc) for c in cfg.custom_ops for n in (c.kernel, c.meta)]
         named += [(st.kernel, st.loc) for st in cfg.stubs if st.kernel is not None]
+        named += [(s.impl, s.loc) for s in cfg.structured if s.impl is not None]
         if self.csrc_dir is None or not named:
             return
         if not os.path.isdir(self.csrc_dir):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from codegen.stubs import StubDecl
+from torchgen.api import meta
 from torchgen.model import BackendMetadata, NativeFunction, NativeFunctionsGroup, OperatorName
 
 
@@ -132,12 +133,16 @@ class FallbackPolicy:
 
 @dataclass(frozen=True)
 class StructuredEntry:
-    """A structured group served by torch's own structured class: meta() checks
-    and computes the output, impl() calls DispatchStubs that reach openreg kernels."""
+    """A structured group: torch's meta() checks the arguments and asks for the
+    output, and impl() computes it. impl() is either torch's own structured CPU
+    class (whose DispatchStubs reach openreg kernels) or, with `impl`, an openreg
+    function taking the impl() arguments, for an operator whose CPU impl reads
+    memory itself instead of through a stub (as CUDA has its own impl)."""
 
     group: NativeFunctionsGroup
-    cpu_kernel: BackendMetadata  # names the exported class {cpp_namespace}::structured_{kernel}
+    cpu_kernel: BackendMetadata | None  # names the exported class {cpp_namespace}::structured_{kernel}
     loc: Location
+    impl: str | None = None  # function in BackendConfig.cpp_namespace
 
     @property
     def name(self) -> OperatorName:
@@ -145,7 +150,22 @@ class StructuredEntry:
 
     @property
     def parent_class(self) -> str:
+        if self.impl is not None:
+            return f"at::meta::structured_{meta.name(self.group)}"
+        assert self.cpu_kernel is not None
         return f"{self.cpu_kernel.cpp_namespace}::structured_{self.cpu_kernel.kernel}"
+
+    @property
+    def stem(self) -> str:
+        """What the generated classes are named after."""
+        if self.impl is not None:
+            return self.impl
+        assert self.cpu_kernel is not None
+        return self.cpu_kernel.kernel
+
+    def serving(self, namespace: str) -> str:
+        """The function that computes the result, for traces and bindings()."""
+        return f"{namespace}::{self.impl}" if self.impl is not None else self.parent_class
 
     def functions(self) -> tuple[NativeFunction, ...]:
         """The out=, functional and in-place operators, each given a wrapper."""
@@ -201,7 +221,7 @@ class BackendConfig:
             bound[str(k.name)] = f"wrapper -> {self.cpp_namespace}::{k.kernel}"
         for s in self.structured:
             for f in s.functions():
-                bound[str(f.func.name)] = f"structured ({s.parent_class}, {f.func.kind().name})"
+                bound[str(f.func.name)] = f"structured ({s.serving(self.cpp_namespace)}, {f.func.kind().name})"
         for c in self.cpu_kernels:
             bound[str(c.name)] = "cpu kernel -> torch's CPU kernel on device memory"
         for st in self.stubs:

@@ -1,6 +1,7 @@
 #include "OpenRegHostCall.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
@@ -192,10 +193,24 @@ void HostCall::note_device(c10::Device device, const char* argument) {
     device_argument_ = argument;
     return;
   }
+  if (*device_ != device) {
+    raise_two_devices(op_name(), *device_, device_argument_, device, argument);
+  }
+}
+
+void raise_two_devices(
+    const std::string& op,
+    c10::Device first,
+    const char* first_argument,
+    c10::Device second,
+    const char* second_argument) {
+  const std::string arguments = std::strcmp(first_argument, second_argument) == 0
+      ? "argument '" + std::string(first_argument) + "'"
+      : "arguments '" + std::string(first_argument) + "' and '" + second_argument + "'";
   TORCH_CHECK(
-      *device_ == device, "Expected all tensors to be on the same device, but found at least two devices, ",
-      device_name(*device_), " and ", device_name(device), "! (", op_name(), ", arguments '", device_argument_, "' and '",
-      argument, "'). Move the tensors to one device first, e.g. with .to(\"", device_name(*device_), "\").");
+      false, "Expected all tensors to be on the same device, but found at least two devices, ", device_name(first),
+      " and ", device_name(second), "! (", op, ", ", arguments, "). Move the tensors to one device first, e.g. with .to(\"",
+      device_name(first), "\").");
 }
 
 void HostCall::note(const at::Tensor& t, const char* argument, bool written) {
@@ -256,11 +271,9 @@ void HostCall::begin() {
   TORCH_CHECK(
       device_.has_value() || !openreg_generator_, op_name(),
       " got an openreg generator but runs on the CPU: pass a CPU generator, or put the tensors on openreg.");
-  TORCH_CHECK(
-      cpu_argument_ == nullptr || !device_ || accepts_cpu_tensors_,
-      "Expected all tensors to be on the same device, but found at least two devices, ", device_name(*device_),
-      " and cpu! (", op_name(), ", argument '", cpu_argument_, "'). Move the tensors to one device first, e.g. with .to(\"",
-      device_name(*device_), "\").");
+  if (cpu_argument_ != nullptr && device_ && !accepts_cpu_tensors_) {
+    raise_two_devices(op_name(), *device_, cpu_argument_, c10::Device(c10::DeviceType::CPU), cpu_argument_);
+  }
   if (!device_) {
     return; // CPU tensors only (a fallback reached through a CPU generator or storage)
   }

@@ -67,6 +67,16 @@ class HostTensors {
   std::vector<at::Tensor> tensors_;
 };
 
+// The error HostCall raises for operands on two devices (of one argument, a
+// list, when the names are equal), for kernels that check their operands
+// themselves.
+[[noreturn]] void raise_two_devices(
+    const std::string& op,
+    c10::Device first,
+    const char* first_argument,
+    c10::Device second,
+    const char* second_argument);
+
 class HostCall {
  public:
   // `op` names the operator in error messages ("aten::mm"); CPU tensors of any

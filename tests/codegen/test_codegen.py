@@ -62,6 +62,7 @@ def test_list_shows_each_binding(capsys):
     assert "(every other operator: no kernel)" in text
     assert "structured (at::native::structured_neg_out, inplace)" in text
     assert "max.dim" in text and "structured (at::native::structured_max_out, functional)" in text
+    assert "bmm.out" in text and "structured (demo::native::bmm_out, out)" in text
     assert "stub at::native::fill_stub" in text and "stub -> demo::native::fill_kernel" in text
     assert "stub at::native::add_stub" in text and "stub -> torch's CPU kernel on device memory" in text
     assert "openreg::scale" in text and "custom -> demo::native::scale (meta scale_meta, backward openreg::scale_backward)" in text
@@ -114,6 +115,7 @@ ERROR_CASES = [
     ("cpp_namespace: n\nstructured:\n  - op: sort.values\n", 3, "Structured operators named sort: sort.values_stable."),
     ("cpp_namespace: n\nstructured:\n  - op: abs\n", 3, "No operator named abs is structured"),
     ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    kernel: k\n", 4, "unknown key 'kernel' in a structured entry"),
+    ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    impl: 3\n", 4, "'impl' in a structured entry must be a string"),
     ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
      "'neg' is already bound in kernels at line 3"),
     # cpu_kernels
@@ -209,6 +211,12 @@ def test_kernel_that_no_file_defines_is_an_error(tmp_path):
 def test_a_commented_out_definition_does_not_count(tmp_path):
     err = definition_error(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: commented_out\n")
     assert "kernel 'commented_out' is not defined" in err.message
+
+
+def test_structured_impl_must_be_defined(tmp_path):
+    err = definition_error(tmp_path, "cpp_namespace: n\nstructured:\n  - op: bmm.out\n    impl: bmm_impl\n")
+    assert err.loc.line == 3
+    assert "kernel 'bmm_impl' is not defined" in err.message
 
 
 def test_custom_op_meta_kernel_must_be_defined(tmp_path):

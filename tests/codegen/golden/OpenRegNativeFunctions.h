@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/Storage.h>
+#include <ATen/core/IListRef.h>
 
 #include <type_traits>
 
@@ -43,6 +44,9 @@ at::Tensor norm2(const at::Tensor & self, const ::std::optional<at::Tensor> & we
 
 // openreg::norm2(Tensor self, Tensor? weight=None) -> Tensor
 at::Tensor norm2_meta(const at::Tensor & self, const ::std::optional<at::Tensor> & weight={});
+
+// impl() of the structured bmm.out, after at::meta::structured_bmm::meta
+void bmm_out(const at::Tensor & self, const at::Tensor & mat2, const at::Tensor & out);
 
 // DispatchStub at::native::neg_stub (ATen/native/UnaryOps.h)
 std::remove_pointer_t<decltype(at::native::neg_stub)::FnPtr> neg_kernel;

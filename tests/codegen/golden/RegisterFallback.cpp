@@ -45,6 +45,8 @@ const std::vector<Binding>& bindings() {
       {"aten::neg_", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},
       {"aten::max.dim", ::openreg::trace::Route::Structured, "at::native::structured_max_out"},
       {"aten::max.dim_max", ::openreg::trace::Route::Structured, "at::native::structured_max_out"},
+      {"aten::bmm", ::openreg::trace::Route::Structured, "demo::native::bmm_out"},
+      {"aten::bmm.out", ::openreg::trace::Route::Structured, "demo::native::bmm_out"},
       {"aten::cat", ::openreg::trace::Route::CpuKernel, "at::_ops::cat::redispatch"},
       {"aten::sort.values_stable", ::openreg::trace::Route::CpuKernel, "at::_ops::sort_values_stable::redispatch"},
       {"aten::uniform_", ::openreg::trace::Route::CpuKernel, "at::_ops::uniform_::redispatch"},

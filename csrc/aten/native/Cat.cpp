@@ -1,0 +1,79 @@
+// cat's impl() (`structured: impl: cat_out` in the yaml). torch's meta()
+// (at::meta::structured_cat) has checked the shapes, chosen dtype and memory
+// format, allocated or resized the output and said whether every operand is
+// contiguous in that format; this fills the output.
+//
+// CPU's impl copies small contiguous operands with memcpy from their data
+// pointers, which host code cannot dereference on openreg, so openreg has its
+// own impl, as CUDA does: the same block copies on kernel addresses, and
+// otherwise one copy_ per operand into its slice of the output, which is what
+// CPU does then too (copy_ converts dtypes and follows strides). Without the
+// host aliases a CPU kernel needs, a small cat costs what it costs on CPU.
+#include <cstring>
+
+#include <ATen/Parallel.h>
+#include <ATen/native/TensorShape.h>
+#include <c10/util/accumulate.h>
+
+#include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegStream.h"
+#include "runtime/OpenRegRuntime.h"
+
+namespace openreg::native {
+
+void cat_out(
+    const at::ITensorListRef& tensors,
+    int64_t dim,
+    int64_t /*valid*/,
+    bool all_contiguous,
+    bool all_same_dtype,
+    bool /*all_same_sizes_and_stride*/,
+    at::MemoryFormat memory_format,
+    const at::Tensor& out) {
+  auto materialized = tensors.materialize();
+  // meta() does not compare devices (CPU's and CUDA's impls do). The output
+  // is on the device of the tensors' first (meta() checked an out= against it).
+  for (const at::Tensor& t : materialized) {
+    if (t.device() != out.device()) {
+      raise_two_devices("aten::cat", out.device(), "tensors", t.device(), "tensors");
+    }
+  }
+  if (out.numel() == 0) {
+    return;
+  }
+  // A small output, or one thread: CPU copies serially too. A large one goes
+  // through copy_, which runs in parallel.
+  const bool serial = out.numel() < at::internal::GRAIN_SIZE || at::get_num_threads() == 1;
+  if (serial && all_contiguous && all_same_dtype && memory_format == at::MemoryFormat::Contiguous) {
+    // Row-major operands: for each index of the dimensions before `dim`,
+    // every operand holds one block, and the output holds their blocks in
+    // turn. (all_contiguous is false when an operand is skipped.)
+    join_current_stream(out.device().index());
+    const int64_t outer = c10::multiply_integers(out.sizes().slice(0, dim));
+    char* dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr()));
+    for (int64_t i = 0; i < outer; ++i) {
+      for (const at::Tensor& t : materialized) {
+        const size_t block = t.nbytes() / static_cast<size_t>(outer);
+        if (block == 0) {
+          continue;
+        }
+        const char* src = static_cast<const char*>(orKernelAddress(t.const_data_ptr()));
+        std::memcpy(dst, src + static_cast<size_t>(i) * block, block);
+        dst += block;
+      }
+    }
+    return;
+  }
+  int64_t offset = 0;
+  for (const at::Tensor& t : materialized) {
+    if (at::native::cat_should_skip_tensor(t)) {
+      continue;
+    }
+    const int64_t size = t.size(dim);
+    out.narrow(dim, offset, size).copy_(t);
+    offset += size;
+  }
+}
+
+} // namespace openreg::native
