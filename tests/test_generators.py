@@ -486,3 +486,41 @@ def test_random_functions_take_torch_cuda_parameters_and_are_documented(name):
         default = cudas.parameters[param.name].default
         assert param.default == (default.replace("cuda", "openreg") if isinstance(default, str) else default)
     assert inspect.getdoc(getattr(torch.openreg.random, name))
+
+
+# --- the same numbers as CPU -----------------------------------------------------
+
+SAME_STREAM = {
+    "uniform_": lambda x: x.uniform_(),
+    "uniform_(-2, 3)": lambda x: x.uniform_(-2, 3),
+    "random_": lambda x: x.random_(),
+    "random_(5, 90)": lambda x: x.random_(5, 90),
+    "random_(100)": lambda x: x.random_(100),
+    "random_ full int64 range": lambda x: x.random_(-(2**63), None),
+    "normal_": lambda x: x.normal_(1.0, 2.0),
+    "bernoulli_": lambda x: x.bernoulli_(0.3),
+}
+SAME_STREAM_DTYPES = {
+    "uniform_": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
+    "uniform_(-2, 3)": (torch.float32, torch.float64),
+    "random_": (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.bfloat16),
+    "random_(5, 90)": (torch.float32, torch.int64, torch.int16),
+    "random_(100)": (torch.float64, torch.int32),
+    "random_ full int64 range": (torch.int64, torch.float64),
+    "normal_": (torch.float32, torch.float64),
+    "bernoulli_": (torch.float32, torch.int64),
+}
+
+
+@pytest.mark.parametrize(
+    "name, dtype", [(n, d) for n in SAME_STREAM for d in SAME_STREAM_DTYPES[n]], ids=str
+)
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_random_ops_draw_cpus_numbers_for_the_same_seed(name, dtype, layout):
+    def draw(device):
+        torch.manual_seed(7)
+        x = torch.zeros(37, 3, dtype=dtype, device=device)
+        SAME_STREAM[name](x if layout == "contiguous" else x.t())
+        return x.cpu()
+
+    assert torch.equal(draw("openreg"), draw("cpu"))

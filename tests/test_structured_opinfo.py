@@ -25,6 +25,8 @@ STRUCTURED_ROOTS = {s.group.root_name for s in CONFIG.structured}
 def root_of(opinfo_name: str) -> str:
     """The native root name an OpInfo exercises: "special.i0e" -> "special_i0e",
     "nn.functional.silu" -> "silu"."""
+    if opinfo_name == "__getitem__":
+        return "index"  # x[tensor] is aten::index
     if opinfo_name.startswith("special."):
         return opinfo_name.replace(".", "_")
     return opinfo_name.split(".")[-1]

@@ -19,7 +19,8 @@
 // - hardtanh (3 forms): clamp, a structured operator here;
 //   hardtanh_backward(.grad_input): a binary iterator, hardtanh_backward_stub.
 // - uniform_, random_ (3 forms): a nullary iterator and uniform_stub /
-//   random_stub / random_from_to_stub / random_full_64_bits_range_stub;
+//   random_stub / random_from_to_stub / random_full_64_bits_range_stub,
+//   whose openreg kernels are in Random.cpp;
 //   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
 //   tensor itself, so the openreg kernels run torch's implementation on a host
 //   alias of it, which reaches the CPU stubs directly. These kernels run the
@@ -202,36 +203,6 @@ at::Tensor& random_from(
 at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> generator) {
   check_on_openreg(self, "aten::random_");
   return at::native::random_(self, to, std::move(generator));
-}
-
-namespace {
-const at::Generator& host_generator(const at::TensorIteratorBase& iter, const std::optional<at::Generator>& generator, const char* op) {
-  return cpu_generator_for(generator, iter.device().index(), op);
-}
-} // namespace
-
-void uniform_kernel(
-    at::TensorIteratorBase& iter,
-    const double from,
-    const double to,
-    std::optional<at::Generator> generator) {
-  run_cpu_stub(at::native::uniform_stub, iter, from, to, host_generator(iter, generator, "aten::uniform_"));
-}
-
-void random_kernel(at::TensorIteratorBase& iter, std::optional<at::Generator> generator) {
-  run_cpu_stub(at::native::random_stub, iter, host_generator(iter, generator, "aten::random_"));
-}
-
-void random_from_to_kernel(
-    at::TensorIteratorBase& iter,
-    const uint64_t range,
-    const int64_t base,
-    std::optional<at::Generator> generator) {
-  run_cpu_stub(at::native::random_from_to_stub, iter, range, base, host_generator(iter, generator, "aten::random_"));
-}
-
-void random_full_64_bits_range_kernel(at::TensorIteratorBase& iter, std::optional<at::Generator> generator) {
-  run_cpu_stub(at::native::random_full_64_bits_range_stub, iter, host_generator(iter, generator, "aten::random_"));
 }
 
 } // namespace openreg::native
