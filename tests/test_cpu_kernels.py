@@ -30,9 +30,12 @@ BOUND = sorted(str(c.name) for c in CONFIG.cpu_kernels)
 
 
 def device_generic_kernels() -> dict[str, str]:
-    """The `kernels` entries defined in DeviceGeneric.cpp: operator -> kernel."""
-    with open(os.path.join(ROOT, "csrc", "aten", "native", "DeviceGeneric.cpp")) as f:
-        source = f.read()
+    """The `kernels` entries that run torch's device-generic implementation or
+    an openreg one (DeviceGeneric.cpp, Index.cpp): operator -> kernel."""
+    source = ""
+    for name in ("DeviceGeneric.cpp", "Index.cpp"):
+        with open(os.path.join(ROOT, "csrc", "aten", "native", name)) as f:
+            source += f.read()
     defined = set(re.findall(r"^at::Tensor&? (\w+)\(", source, flags=re.M))
     return {str(k.name): k.kernel for k in CONFIG.kernels if k.kernel in defined}
 
@@ -46,7 +49,7 @@ REACHES = {
     "nn.functional.max_pool2d": "max_pool2d_with_indices",
     "nn.functional.avg_pool2d": "avg_pool2d",
     "nn.functional.adaptive_avg_pool2d": "_adaptive_avg_pool2d",
-    "nn.functional.embedding": "embedding",
+    "nn.functional.embedding": "index_select",  # its composite kernel
     "nn.functional.batch_norm": "native_batch_norm",
     "nn.functional.layer_norm": "native_layer_norm",
     "nn.functional.hardtanh": "hardtanh",
@@ -57,7 +60,7 @@ REACHES = {
     "matmul": "mm",
     "linalg.vector_norm": "linalg_vector_norm",
     "masked_fill": "masked_fill_",  # CompositeExplicitAutograd: clone, then masked_fill_
-    "index_put": "index_put",
+    "index_put": "_index_put_impl_",
     "__getitem__": "index",
 }
 ROOTS = {name.split(".")[0] for name in [*BOUND, *GENERIC]}

@@ -1,21 +1,156 @@
-// index_stub (advanced indexing, `x[indices]`), behind torch's structured
-// index_out, whose meta() builds the iterator: output, the source restrided
-// to 0-stride over the indexed dimensions, then the int64 index tensors.
+// Advanced indexing: index_stub (`x[indices]`), behind torch's structured
+// index_out, whose meta() builds the iterator (output, the source restrided to
+// 0-stride over the indexed dimensions, then the int64 index tensors), and
+// index_put_stub (`x[indices] = v`), behind torch's device-generic
+// _index_put_impl_, which builds the same kind of iterator over `self`
+// (accumulating, or in deterministic mode, CPU's kernel runs instead: below).
+// Both move CPU indices to the device first, as for CUDA.
 //
 // The operands have different dtypes on purpose, but the iterator still
 // reports a common dtype, so the generic `cpu_kernel: true` route
 // (AsCpuIterator) would cast the indices to the source's dtype. Here only the
 // addresses change before torch's CPU kernel runs.
+#include <cstring>
+#include <vector>
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/WrapDimUtils.h>
 #include <ATen/native/IndexKernel.h>
+#include <ATen/ops/_index_put_impl_cpu_dispatch.h>
+#include <ATen/ops/_index_put_impl_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_select_cpu_dispatch.h>
+#include <c10/util/accumulate.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegStream.h"
 #include "aten/native/CpuStub.h"
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
 
 void index_kernel(at::TensorIteratorBase& iter, at::IntArrayRef index_size, at::IntArrayRef index_stride) {
   use_kernel_addresses(iter);
   at::native::index_stub(c10::DeviceType::CPU, iter, index_size, index_stride);
+}
+
+void index_put_kernel(
+    at::TensorIterator& iter,
+    at::IntArrayRef index_size,
+    at::IntArrayRef index_stride,
+    bool accumulate) {
+  use_kernel_addresses(iter);
+  at::native::index_put_stub(c10::DeviceType::CPU, iter, index_size, index_stride, accumulate);
+}
+
+at::Tensor& index_put_impl_(
+    at::Tensor& self,
+    const c10::List<std::optional<at::Tensor>>& indices,
+    const at::Tensor& values,
+    bool accumulate,
+    bool unsafe) {
+  if (!accumulate && !at::globalContext().deterministicAlgorithms()) {
+    return at::native::_index_put_impl_(self, indices, values, accumulate, unsafe);
+  }
+  // For these, torch's implementation sorts the indices on devices other than
+  // CPU, through a stub CPU has no kernel for (index_put_with_sort_stub);
+  // CPU's own kernel accumulates serially. It runs on host aliases.
+  HostCall call("aten::_index_put_impl_", /*accepts_cpu_tensors=*/true);
+  call.note(self, "self", /*written=*/true);
+  call.note(indices, "indices");
+  call.note(values, "values");
+  call.begin();
+  at::Tensor host_self = call.written(self);
+  at::cpu::_index_put_impl_(host_self, call.host(indices), call.host(values), accumulate, unsafe);
+  call.finish();
+  return self;
+}
+
+namespace {
+
+// index_select's blocks: for each index of the dimensions before `dim`, the
+// selected slices of a row-major `self` are contiguous blocks, copied in
+// index order into a row-major `out`. Whether the operands qualify: small
+// (CPU parallelizes large ones), dense, on one device, int32/int64 indices.
+bool copies_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& out) {
+  const at::ScalarType index_type = index.scalar_type();
+  return self.dim() > 0 && self.numel() > 0 && self.is_contiguous() && index.dim() <= 1 && index.is_contiguous() &&
+      (index_type == at::kLong || index_type == at::kInt) && index.device() == self.device() &&
+      out.device() == self.device() && out.scalar_type() == self.scalar_type() && out.is_contiguous() &&
+      out.numel() < at::internal::GRAIN_SIZE;
+}
+
+void copy_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& out) {
+  const int64_t count = index.numel();
+  const int64_t size = self.size(dim);
+  const int64_t outer = c10::multiply_integers(self.sizes().slice(0, dim));
+  const size_t block = c10::multiply_integers(self.sizes().slice(dim + 1)) * self.element_size();
+  join_current_stream(self.device().index());
+  const char* src = static_cast<const char*>(orKernelAddress(self.const_data_ptr()));
+  char* dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr()));
+  AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_index_select", [&] {
+    const index_t* selected = static_cast<const index_t*>(orKernelAddress(index.const_data_ptr()));
+    for (int64_t i = 0; i < count; ++i) {
+      TORCH_CHECK_INDEX(selected[i] >= 0 && selected[i] < size, "index out of range in self");
+    }
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < count; ++i) {
+        std::memcpy(dst, src + (o * size + selected[i]) * block, block);
+        dst += block;
+      }
+    }
+  });
+}
+
+at::Tensor& index_select_on_host(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+  HostCall call("aten::index_select.out");
+  call.note(self, "self");
+  call.note(index, "index");
+  call.note(out, "out", /*written=*/true);
+  call.begin();
+  at::Tensor host_out = call.written(out);
+  at::cpu::index_select_out(host_out, call.host(self), dim, call.host(index));
+  call.finish();
+  return out;
+}
+
+} // namespace
+
+at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  if (self.dim() == 0 || index.dim() > 1) {
+    at::Tensor out = at::empty({0}, self.options());
+    return index_select_on_host(self, dim, index, out); // CPU's kernel: a scalar, or its error
+  }
+  const int64_t d = at::maybe_wrap_dim(dim, self.dim());
+  std::vector<int64_t> sizes = self.sizes().vec();
+  sizes[d] = index.numel();
+  // On self's device (the wrapper's guard), straight from the allocator.
+  at::Tensor out = at::detail::empty_generic(
+      sizes, c10::GetAllocator(c10::DeviceType::PrivateUse1), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      self.scalar_type(), std::nullopt);
+  if (copies_blocks(self, d, index, out)) {
+    copy_blocks(self, d, index, out);
+    return out;
+  }
+  return index_select_on_host(self, dim, index, out);
+}
+
+at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+  if (self.dim() > 0 && index.dim() <= 1) {
+    const int64_t d = at::maybe_wrap_dim(dim, self.dim());
+    const bool shaped = out.dim() == self.dim() && out.size(d) == index.numel() &&
+        out.sizes().slice(0, d) == self.sizes().slice(0, d) && out.sizes().slice(d + 1) == self.sizes().slice(d + 1);
+    if (shaped && copies_blocks(self, d, index, out) && !out.storage().is_alias_of(self.storage()) &&
+        !out.storage().is_alias_of(index.storage())) {
+      copy_blocks(self, d, index, out);
+      return out;
+    }
+  }
+  return index_select_on_host(self, dim, index, out);
 }
 
 } // namespace openreg::native
