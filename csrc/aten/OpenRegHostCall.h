@@ -22,9 +22,11 @@
 //      device memory adopted as it is.
 #pragma once
 
+#include <initializer_list>
 #include <list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Generator.h>
@@ -212,5 +214,26 @@ class HostCall {
   c10::SmallVector<Operand, kInlineOperands> operands_;
   std::list<Operand> more_operands_;
 };
+
+// CPU's out= kernel on host aliases, for what an openreg kernel leaves to it:
+// `kernel(host_out, call)` gets the alias of `out` and reaches the aliases of
+// `inputs` through call.host(). The inputs are checked as HostCall checks them
+// (named in errors as given).
+template <typename Kernel>
+void run_cpu_out_kernel(
+    const char* op,
+    std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs,
+    const at::Tensor& out,
+    Kernel&& kernel) {
+  HostCall call(op);
+  for (const auto& [tensor, name] : inputs) {
+    call.note(*tensor, name);
+  }
+  call.note(out, "out", /*written=*/true);
+  call.begin();
+  at::Tensor host_out = call.written(out);
+  kernel(host_out, call);
+  call.finish();
+}
 
 } // namespace openreg

@@ -287,14 +287,9 @@ void mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& ou
   if (blas_addmm(out, out, self, mat2, 0, 1)) {
     return;
   }
-  HostCall call("aten::mm");
-  call.note(self, "self");
-  call.note(mat2, "mat2");
-  call.note(out, "out", /*written=*/true);
-  call.begin();
-  at::Tensor host_out = call.written(out);
-  at::cpu::mm_out(host_out, call.host(self), call.host(mat2));
-  call.finish();
+  run_cpu_out_kernel("aten::mm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& host_out, HostCall& call) {
+    at::cpu::mm_out(host_out, call.host(self), call.host(mat2));
+  });
 }
 
 void addmm_out(
@@ -311,29 +306,19 @@ void addmm_out(
   if (blas_addmm(out, *bias, mat1, mat2, beta, alpha)) {
     return;
   }
-  HostCall call("aten::addmm");
-  call.note(self, "self");
-  call.note(mat1, "mat1");
-  call.note(mat2, "mat2");
-  call.note(out, "out", /*written=*/true);
-  call.begin();
-  at::Tensor host_out = call.written(out);
-  at::cpu::addmm_out(host_out, call.host(self), call.host(mat1), call.host(mat2), beta, alpha);
-  call.finish();
+  run_cpu_out_kernel(
+      "aten::addmm", {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [&](at::Tensor& host_out, HostCall& call) {
+        at::cpu::addmm_out(host_out, call.host(self), call.host(mat1), call.host(mat2), beta, alpha);
+      });
 }
 
 void bmm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
   if (out.numel() == 0 || small_batched_product<true>(out, self, mat2, 0, 1)) {
     return;
   }
-  HostCall call("aten::bmm");
-  call.note(self, "self");
-  call.note(mat2, "mat2");
-  call.note(out, "out", /*written=*/true);
-  call.begin();
-  at::Tensor host_out = call.written(out);
-  at::cpu::bmm_out(host_out, call.host(self), call.host(mat2));
-  call.finish();
+  run_cpu_out_kernel("aten::bmm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& host_out, HostCall& call) {
+    at::cpu::bmm_out(host_out, call.host(self), call.host(mat2));
+  });
 }
 
 void baddbmm_out(
@@ -347,15 +332,11 @@ void baddbmm_out(
   if (out.numel() == 0 || small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
     return;
   }
-  HostCall call("aten::baddbmm");
-  call.note(self, "self");
-  call.note(batch1, "batch1");
-  call.note(batch2, "batch2");
-  call.note(out, "out", /*written=*/true);
-  call.begin();
-  at::Tensor host_out = call.written(out);
-  at::cpu::baddbmm_out(host_out, call.host(self), call.host(batch1), call.host(batch2), beta, alpha);
-  call.finish();
+  run_cpu_out_kernel(
+      "aten::baddbmm", {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out,
+      [&](at::Tensor& host_out, HostCall& call) {
+        at::cpu::baddbmm_out(host_out, call.host(self), call.host(batch1), call.host(batch2), beta, alpha);
+      });
 }
 
 } // namespace openreg::native

@@ -107,14 +107,10 @@ void copy_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, c
 }
 
 at::Tensor& index_select_on_host(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
-  HostCall call("aten::index_select.out");
-  call.note(self, "self");
-  call.note(index, "index");
-  call.note(out, "out", /*written=*/true);
-  call.begin();
-  at::Tensor host_out = call.written(out);
-  at::cpu::index_select_out(host_out, call.host(self), dim, call.host(index));
-  call.finish();
+  run_cpu_out_kernel(
+      "aten::index_select.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& host_out, HostCall& call) {
+        at::cpu::index_select_out(host_out, call.host(self), dim, call.host(index));
+      });
   return out;
 }
 
