@@ -15,7 +15,6 @@
 
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/native/IndexKernel.h>
@@ -124,10 +123,9 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   std::vector<int64_t> sizes = self.sizes().vec();
   sizes[d] = index.numel();
-  // On self's device (the wrapper's guard), straight from the allocator.
-  at::Tensor out = at::detail::empty_generic(
-      sizes, c10::GetAllocator(c10::DeviceType::PrivateUse1), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      self.scalar_type(), std::nullopt);
+  // On self's device (the wrapper's guard), with openreg's own empty kernel
+  // rather than through the dispatcher.
+  at::Tensor out = empty_memory_format(sizes, self.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   if (copies_blocks(self, d, index, out)) {
     copy_blocks(self, d, index, out);
     return out;
