@@ -4,7 +4,11 @@ the torch.openreg.random module."""
 
 import copy
 import inspect
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import types
 import warnings
 from collections.abc import Sequence
@@ -507,7 +511,7 @@ SAME_STREAM_DTYPES = {
     "random_(5, 90)": (torch.float32, torch.int64, torch.int16),
     "random_(100)": (torch.float64, torch.int32),
     "random_ full int64 range": (torch.int64, torch.float64),
-    "normal_": (torch.float32, torch.float64),
+    "normal_": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
     "bernoulli_": (torch.float32, torch.int64),
 }
 
@@ -524,3 +528,45 @@ def test_random_ops_draw_cpus_numbers_for_the_same_seed(name, dtype, layout):
         return x.cpu()
 
     assert torch.equal(draw("openreg"), draw("cpu"))
+
+
+# normal_ on 16 or more contiguous elements fills them on kernel addresses, in
+# blocks of 16 (redrawing the last 16 when the size is not a multiple), with the
+# transform CPU's kernel uses on this machine; fewer or strided elements run
+# CPU's kernel on a host alias. Each must give CPU's numbers, also at an offset.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("numel", [1, 15, 16, 32, 33, 1000])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_normal_draws_cpus_numbers_for_every_size(dtype, numel, offset):
+    def draw(device):
+        torch.manual_seed(11)
+        x = torch.zeros(offset + numel, dtype=dtype, device=device)
+        x[offset:].normal_(-0.5, 4.0)
+        return x.cpu()
+
+    assert torch.equal(draw("openreg"), draw("cpu"))
+
+
+NORMAL_UNDER_CAPABILITY = """
+    import torch
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for numel in (16, 40):
+            torch.manual_seed(3)
+            cpu = torch.empty(numel, dtype=dtype).normal_(1.0, 2.0)
+            torch.manual_seed(3)
+            dev = torch.empty(numel, dtype=dtype, device="openreg").normal_(1.0, 2.0).cpu()
+            assert torch.equal(cpu, dev), (torch.backends.cpu.get_cpu_capability(), dtype, numel, cpu, dev)
+    print(torch.backends.cpu.get_cpu_capability())
+"""
+
+
+# CPU's normal_ kernel differs between the vector builds torch picks from
+# (ATEN_CPU_CAPABILITY chooses one); openreg's must follow whichever runs.
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_normal_draws_cpus_numbers_under_each_cpu_capability(capability):
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(NORMAL_UNDER_CAPABILITY)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": capability},
+    )
+    assert result.returncode == 0, result.stderr

@@ -23,7 +23,9 @@
 //   whose openreg kernels are in Random.cpp;
 //   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
 //   tensor itself, so the openreg kernels run torch's implementation on a host
-//   alias of it, which reaches the CPU stubs directly. These kernels run the
+//   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
+//   contiguous floating-point elements fills them on kernel addresses instead
+//   (normal_fill, Random.cpp), as CPU's kernel does. These kernels run the
 //   CPU kernels with the CPU generator of the openreg generator (or of the
 //   device's default one), as HostCall does for `cpu_kernels`, so the stream
 //   of numbers is CPU's for the same seed.
@@ -58,6 +60,7 @@
 #include "aten/OpenRegHostAlias.h"
 #include "aten/OpenRegStream.h"
 #include "aten/native/CpuStub.h"
+#include "aten/native/Random.h"
 
 namespace openreg::native {
 
@@ -155,14 +158,20 @@ at::Tensor& hardtanh_backward_out(
 }
 
 namespace {
+// The CPU generator to draw from for `self`, after the current stream's work.
+const at::Generator& prepare_draws(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op) {
+  check_on_openreg(self, op);
+  const at::Generator& cpu = cpu_generator_for(generator, self.device().index(), op);
+  join_current_stream(self.device().index());
+  return cpu;
+}
+
 // normal_ and bernoulli_.float: their stubs take the tensor itself rather
 // than an iterator, so torch's implementation runs on a host alias of `self`
 // (CPU's checks, then the CPU stub), with the openreg generator's CPU state.
 template <typename Impl>
 at::Tensor& on_host_alias(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Impl&& impl) {
-  check_on_openreg(self, op);
-  const at::Generator& cpu = cpu_generator_for(generator, self.device().index(), op);
-  join_current_stream(self.device().index());
+  const at::Generator& cpu = prepare_draws(self, generator, op);
   ScopedHostAlias alias(self);
   impl(alias.get(), cpu);
   return self;
@@ -170,6 +179,11 @@ at::Tensor& on_host_alias(at::Tensor& self, const std::optional<at::Generator>& 
 } // namespace
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
+  // A negative or NaN std takes torch's implementation, which raises.
+  if (std >= 0 && normal_fill_applies(self)) {
+    normal_fill(self, mean, std, prepare_draws(self, generator, "aten::normal_").get<at::CPUGeneratorImpl>());
+    return self;
+  }
   return on_host_alias(self, generator, "aten::normal_", [&](at::Tensor& host, const at::Generator& cpu) {
     at::native::normal_(host, mean, std, cpu);
   });

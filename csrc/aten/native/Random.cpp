@@ -14,16 +14,27 @@
 // per CPU capability; draws are serial, so the baseline one gives the same
 // values, except where CPU's build may fuse a multiply and an add (uniform_
 // over a range other than [0, 1), which therefore calls CPU's kernel).
+//
+// normal_'s stub takes the tensor rather than an iterator; DeviceGeneric.cpp's
+// normal_ calls normal_fill here when it computes what CPU's kernel would
+// (normal_fill_applies): it draws the uniforms and transforms them 16 at a
+// time in CPU's order, with the transform CPU's kernel uses on this machine:
+// the header's scalar NormalFill16, or for float lanes on AVX2 and AVX-512
+// machines the AVX2 one (NormalFillAvx2.cpp).
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Version.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/native/cpu/DistributionTemplates.h>
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/native/CpuStub.h"
+#include "aten/native/NormalFillAvx2.h"
+#include "aten/native/Random.h"
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
 namespace {
@@ -38,7 +49,100 @@ at::CPUGeneratorImpl* prepare(
   return cpu_generator_for(generator, iter.device().index(), op).get<at::CPUGeneratorImpl>();
 }
 
+// The transform CPU's normal_ kernel applies to float lanes on this machine.
+enum class FloatTransform { kScalar, kAvx2, kUnknown };
+
+FloatTransform cpu_float_transform() {
+  static const FloatTransform transform = [] {
+    const std::string capability = at::get_cpu_capability();
+    if (capability == "DEFAULT") {
+      return FloatTransform::kScalar;
+    }
+    if ((capability == "AVX2" || capability == "AVX512") && have_normal_fill_16_avx2()) {
+      return FloatTransform::kAvx2;
+    }
+    return FloatTransform::kUnknown;
+  }();
+  return transform;
+}
+
+// CPU's normal_fill on a raw pointer: uniform draws, then `transform16` on
+// each block of 16; a size that is not a multiple of 16 draws its last 16
+// values again and transforms them. Half and bfloat16 draw and transform in
+// float, a block at a time.
+template <typename scalar_t, typename Transform16>
+void fill_normal(scalar_t* data, int64_t size, at::CPUGeneratorImpl* generator, const Transform16& transform16) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  std::lock_guard<std::mutex> lock(generator->mutex_);
+  at::uniform_real_distribution<opmath_t> uniform(0, 1);
+  if constexpr (std::is_same_v<scalar_t, opmath_t>) {
+    for (int64_t i = 0; i < size; ++i) {
+      data[i] = uniform(generator);
+    }
+    for (int64_t i = 0; i + 16 <= size; i += 16) {
+      transform16(data + i);
+    }
+    if (size % 16 != 0) {
+      scalar_t* last = data + size - 16;
+      for (int j = 0; j < 16; ++j) {
+        last[j] = uniform(generator);
+      }
+      transform16(last);
+    }
+  } else {
+    opmath_t block[16];
+    auto fill_block = [&](int64_t offset) {
+      for (int j = 0; j < 16; ++j) {
+        block[j] = uniform(generator);
+      }
+      transform16(block);
+      for (int j = 0; j < 16; ++j) {
+        data[offset + j] = static_cast<scalar_t>(block[j]);
+      }
+    };
+    for (int64_t i = 0; i + 16 <= size; i += 16) {
+      fill_block(i);
+    }
+    if (size % 16 != 0) {
+      fill_block(size - 16);
+    }
+  }
+}
+
 } // namespace
+
+bool normal_fill_applies(const at::Tensor& self) {
+  switch (self.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+      break;
+    default:
+      return false;
+  }
+  return self.numel() >= 16 && self.is_contiguous() && cpu_float_transform() != FloatTransform::kUnknown;
+}
+
+void normal_fill(const at::Tensor& self, double mean, double std, at::CPUGeneratorImpl* generator) {
+  void* data = orKernelAddress(self.mutable_data_ptr());
+  const int64_t size = self.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    auto* out = static_cast<scalar_t*>(data);
+    if constexpr (std::is_same_v<opmath_t, float>) {
+      if (cpu_float_transform() == FloatTransform::kAvx2) {
+        const float m = static_cast<float>(mean);
+        const float s = static_cast<float>(std);
+        fill_normal(out, size, generator, [m, s](float* values) { normal_fill_16_avx2(values, m, s); });
+        return;
+      }
+    }
+    const at::native::templates::cpu::NormalFill16<opmath_t> transform16(
+        static_cast<opmath_t>(mean), static_cast<opmath_t>(std));
+    fill_normal(out, size, generator, [&transform16](opmath_t* values) { transform16(values); });
+  });
+}
 
 void uniform_kernel(
     at::TensorIteratorBase& iter,
