@@ -530,21 +530,48 @@ def test_random_ops_draw_cpus_numbers_for_the_same_seed(name, dtype, layout):
     assert torch.equal(draw("openreg"), draw("cpu"))
 
 
-# normal_ on 16 or more contiguous elements fills them on kernel addresses, in
-# blocks of 16 (redrawing the last 16 when the size is not a multiple), with the
-# transform CPU's kernel uses on this machine; fewer or strided elements run
-# CPU's kernel on a host alias. Each must give CPU's numbers, also at an offset.
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("numel", [1, 15, 16, 32, 33, 1000])
+# On a contiguous tensor, uniform_ over [0, 1), random_() and normal_ (16 or more
+# elements) fill it on kernel addresses in memory order; normal_ in blocks of 16,
+# redrawing the last 16 when the size is not a multiple, with the transform CPU's
+# kernel uses on this machine. Other tensors take torch's implementation. Each
+# must give CPU's numbers, also at an offset into the storage.
+FILLS = {
+    "normal_": (lambda x: x.normal_(-0.5, 4.0), (torch.float32, torch.float64, torch.bfloat16, torch.float16)),
+    "uniform_": (lambda x: x.uniform_(), (torch.float32, torch.float64, torch.bfloat16, torch.float16)),
+    "random_": (lambda x: x.random_(), (torch.float32, torch.float16, torch.int8, torch.int16, torch.uint8, torch.bool)),
+}
+
+
+@pytest.mark.parametrize("name, dtype", [(n, d) for n, (_, dtypes) in FILLS.items() for d in dtypes], ids=str)
+@pytest.mark.parametrize("numel", [1, 15, 16, 33, 1000])
 @pytest.mark.parametrize("offset", [0, 5])
-def test_normal_draws_cpus_numbers_for_every_size(dtype, numel, offset):
+def test_fills_draw_cpus_numbers_for_every_size(name, dtype, numel, offset):
     def draw(device):
         torch.manual_seed(11)
         x = torch.zeros(offset + numel, dtype=dtype, device=device)
-        x[offset:].normal_(-0.5, 4.0)
+        FILLS[name][0](x[offset:])
         return x.cpu()
 
     assert torch.equal(draw("openreg"), draw("cpu"))
+
+
+def test_uniform_in_bfloat16_turns_values_rounded_up_to_one_into_zero_as_cpu():
+    # About 1 in 512 float draws rounds up to 1 in bfloat16; CPU's kernel returns 0.
+    def draw(device):
+        torch.manual_seed(5)
+        return torch.empty(1 << 15, dtype=torch.bfloat16, device=device).uniform_().cpu()
+
+    cpu = draw("cpu")
+    assert (cpu == 0).sum() > 10
+    assert torch.equal(draw("openreg"), cpu)
+
+
+def test_random_of_a_dtype_cpu_does_not_draw_raises_cpus_error():
+    with pytest.raises(RuntimeError, match="not implemented for 'UInt16'"):
+        torch.empty(4, dtype=torch.uint16).random_()
+    with pytest.raises(RuntimeError, match="not implemented for 'UInt16'"):
+        torch.empty(4, dtype=torch.uint16, device="openreg").random_()
+    assert torch.empty(4, device="openreg").random_().isfinite().all()
 
 
 NORMAL_UNDER_CAPABILITY = """

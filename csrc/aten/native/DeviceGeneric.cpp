@@ -20,7 +20,10 @@
 //   hardtanh_backward(.grad_input): a binary iterator, hardtanh_backward_stub.
 // - uniform_, random_ (3 forms): a nullary iterator and uniform_stub /
 //   random_stub / random_from_to_stub / random_full_64_bits_range_stub,
-//   whose openreg kernels are in Random.cpp;
+//   whose openreg kernels are in Random.cpp; uniform_ over [0, 1) and
+//   random_() of a contiguous tensor skip the iterator and fill it in memory
+//   order on kernel addresses (uniform_fill, random_fill, Random.cpp), the
+//   order CPU's serial kernels draw in;
 //   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
 //   tensor itself, so the openreg kernels run torch's implementation on a host
 //   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
@@ -196,11 +199,19 @@ at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Genera
 }
 
 at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> generator) {
+  if (from == 0.0 && to == 1.0 && uniform_fill_applies(self)) {
+    uniform_fill(self, prepare_draws(self, generator, "aten::uniform_").get<at::CPUGeneratorImpl>());
+    return self;
+  }
   check_on_openreg(self, "aten::uniform_");
   return at::native::uniform_(self, from, to, std::move(generator));
 }
 
 at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> generator) {
+  if (random_fill_applies(self)) {
+    random_fill(self, prepare_draws(self, generator, "aten::random_").get<at::CPUGeneratorImpl>());
+    return self;
+  }
   check_on_openreg(self, "aten::random_");
   return at::native::random_(self, std::move(generator));
 }

@@ -15,6 +15,11 @@
 // values, except where CPU's build may fuse a multiply and an add (uniform_
 // over a range other than [0, 1), which therefore calls CPU's kernel).
 //
+// A contiguous tensor needs no iterator: CPU's serial kernels fill it in
+// memory order, so uniform_fill (over [0, 1)) and random_fill draw into it
+// with a plain loop on kernel addresses, which DeviceGeneric.cpp's uniform_
+// and random_ call instead of torch's implementation.
+//
 // normal_'s stub takes the tensor rather than an iterator; DeviceGeneric.cpp's
 // normal_ calls normal_fill here when it computes what CPU's kernel would
 // (normal_fill_applies): it draws the uniforms and transforms them 16 at a
@@ -47,6 +52,19 @@ at::CPUGeneratorImpl* prepare(
     const char* op) {
   use_kernel_addresses(iter);
   return cpu_generator_for(generator, iter.device().index(), op).get<at::CPUGeneratorImpl>();
+}
+
+// The floating-point dtypes CPU's random kernels take.
+bool is_floating(const at::Tensor& self) {
+  switch (self.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // The transform CPU's normal_ kernel applies to float lanes on this machine.
@@ -111,17 +129,57 @@ void fill_normal(scalar_t* data, int64_t size, at::CPUGeneratorImpl* generator, 
 
 } // namespace
 
-bool normal_fill_applies(const at::Tensor& self) {
+bool uniform_fill_applies(const at::Tensor& self) {
+  return is_floating(self) && self.numel() > 0 && self.is_contiguous();
+}
+
+bool random_fill_applies(const at::Tensor& self) {
   switch (self.scalar_type()) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+    case at::kBool:
       break;
     default:
-      return false;
+      if (!is_floating(self)) {
+        return false;
+      }
   }
-  return self.numel() >= 16 && self.is_contiguous() && cpu_float_transform() != FloatTransform::kUnknown;
+  return self.numel() > 0 && self.is_contiguous();
+}
+
+void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+    const auto one = static_cast<scalar_t>(1.0);
+    const auto zero = static_cast<scalar_t>(0.0);
+    std::lock_guard<std::mutex> lock(generator->mutex_);
+    at::uniform_real_distribution<opmath_t> uniform(0, 1);
+    for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+      // As CPU's kernel: a value the cast rounded up to 1 becomes 0.
+      const auto value = static_cast<scalar_t>(uniform(generator));
+      out[i] = value == one ? zero : value;
+    }
+  });
+}
+
+void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "random_", [&] {
+    auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+    std::lock_guard<std::mutex> lock(generator->mutex_);
+    for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+      at::uniform_int_distribution<scalar_t> random;
+      out[i] = random(generator);
+    }
+  });
+}
+
+bool normal_fill_applies(const at::Tensor& self) {
+  return is_floating(self) && self.numel() >= 16 && self.is_contiguous() &&
+      cpu_float_transform() != FloatTransform::kUnknown;
 }
 
 void normal_fill(const at::Tensor& self, double mean, double std, at::CPUGeneratorImpl* generator) {

@@ -1,10 +1,22 @@
-// normal_ on kernel addresses (Random.cpp), for DeviceGeneric.cpp's normal_.
+// Random operators on kernel addresses without an iterator (Random.cpp), for
+// DeviceGeneric.cpp's normal_, uniform_ and random_.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 
 namespace openreg::native {
+
+// Whether uniform_fill and random_fill apply to `self`: a non-empty
+// contiguous tensor (which CPU's serial kernels fill in memory order) of a
+// dtype their CPU kernels take.
+bool uniform_fill_applies(const at::Tensor& self);
+bool random_fill_applies(const at::Tensor& self);
+
+// uniform_(0, 1) and random_() of `self`: CPU's draws from `generator`, in
+// memory order on kernel addresses. The caller joined the current stream.
+void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator);
+void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator);
 
 // Whether normal_fill computes, for `self`, what CPU's normal_ kernel would
 // for a CPU tensor like it: a float, double, half or bfloat16 tensor of 16 or
