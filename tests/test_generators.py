@@ -530,8 +530,9 @@ def test_random_ops_draw_cpus_numbers_for_the_same_seed(name, dtype, layout):
     assert torch.equal(draw("openreg"), draw("cpu"))
 
 
-# On a contiguous tensor, uniform_ over [0, 1), random_() and normal_ (16 or more
-# elements) fill it on kernel addresses in memory order; normal_ in blocks of 16,
+# On a contiguous tensor, uniform_ over [0, 1), random_(), bernoulli_(p) (where
+# CPU's kernel is not MKL's) and normal_ (16 or more elements) fill it on kernel
+# addresses in memory order; normal_ in blocks of 16,
 # redrawing the last 16 when the size is not a multiple, with the transform CPU's
 # kernel uses on this machine. Other tensors take torch's implementation. Each
 # must give CPU's numbers, also at an offset into the storage.
@@ -539,6 +540,7 @@ FILLS = {
     "normal_": (lambda x: x.normal_(-0.5, 4.0), (torch.float32, torch.float64, torch.bfloat16, torch.float16)),
     "uniform_": (lambda x: x.uniform_(), (torch.float32, torch.float64, torch.bfloat16, torch.float16)),
     "random_": (lambda x: x.random_(), (torch.float32, torch.float16, torch.int8, torch.int16, torch.uint8, torch.bool)),
+    "bernoulli_": (lambda x: x.bernoulli_(0.3), (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool)),
 }
 
 
@@ -564,6 +566,14 @@ def test_uniform_in_bfloat16_turns_values_rounded_up_to_one_into_zero_as_cpu():
     cpu = draw("cpu")
     assert (cpu == 0).sum() > 10
     assert torch.equal(draw("openreg"), cpu)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5, float("nan")])
+def test_bernoulli_with_p_outside_0_1_raises_cpus_error(p):
+    x = torch.zeros(32, device="openreg")
+    with pytest.raises(RuntimeError, match=r"bernoulli_ expects p to be in \[0, 1\]"):
+        x.bernoulli_(p)
+    assert x.bernoulli_(1.0).eq(1).all()
 
 
 def test_random_of_a_dtype_cpu_does_not_draw_raises_cpus_error():

@@ -27,8 +27,9 @@
 //   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
 //   tensor itself, so the openreg kernels run torch's implementation on a host
 //   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
-//   contiguous floating-point elements fills them on kernel addresses instead
-//   (normal_fill, Random.cpp), as CPU's kernel does. These kernels run the
+//   contiguous floating-point elements, and bernoulli_ of a contiguous tensor
+//   where CPU's kernel is the template, fill them on kernel addresses instead
+//   (normal_fill, bernoulli_fill, Random.cpp). These kernels run the
 //   CPU kernels with the CPU generator of the openreg generator (or of the
 //   device's default one), as HostCall does for `cpu_kernels`, so the stream
 //   of numbers is CPU's for the same seed.
@@ -193,6 +194,11 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
 }
 
 at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> generator) {
+  // A p outside [0, 1] (or NaN) takes torch's implementation, which raises.
+  if (0 <= p && p <= 1 && bernoulli_fill_applies(self)) {
+    bernoulli_fill(self, p, prepare_draws(self, generator, "aten::bernoulli_").get<at::CPUGeneratorImpl>());
+    return self;
+  }
   return on_host_alias(self, generator, "aten::bernoulli_", [&](at::Tensor& host, const at::Generator& cpu) {
     at::native::bernoulli_(host, p, cpu);
   });

@@ -18,7 +18,8 @@
 // A contiguous tensor needs no iterator: CPU's serial kernels fill it in
 // memory order, so uniform_fill (over [0, 1)) and random_fill draw into it
 // with a plain loop on kernel addresses, which DeviceGeneric.cpp's uniform_
-// and random_ call instead of torch's implementation.
+// and random_ call instead of torch's implementation. bernoulli_fill does the
+// same for bernoulli_(p) where CPU's kernel is that template too.
 //
 // normal_'s stub takes the tensor rather than an iterator; DeviceGeneric.cpp's
 // normal_ calls normal_fill here when it computes what CPU's kernel would
@@ -173,6 +174,28 @@ void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
     for (int64_t i = 0, n = self.numel(); i < n; ++i) {
       at::uniform_int_distribution<scalar_t> random;
       out[i] = random(generator);
+    }
+  });
+}
+
+bool bernoulli_fill_applies(const at::Tensor& self) {
+  // With MKL, CPU's kernel draws through MKL's VSL routines on Intel CPUs
+  // (which libtorch_cpu does not export); elsewhere it runs the template.
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool cpu_runs_template = !__builtin_cpu_is("intel");
+#else
+  static const bool cpu_runs_template = false;
+#endif
+  return cpu_runs_template && random_fill_applies(self);
+}
+
+void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator) {
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
+    auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+    std::lock_guard<std::mutex> lock(generator->mutex_);
+    for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+      at::bernoulli_distribution<double> bernoulli(p);
+      out[i] = static_cast<scalar_t>(bernoulli(generator));
     }
   });
 }

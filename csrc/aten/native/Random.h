@@ -1,5 +1,5 @@
 // Random operators on kernel addresses without an iterator (Random.cpp), for
-// DeviceGeneric.cpp's normal_, uniform_ and random_.
+// DeviceGeneric.cpp's normal_, uniform_, random_ and bernoulli_.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,6 +17,13 @@ bool random_fill_applies(const at::Tensor& self);
 // memory order on kernel addresses. The caller joined the current stream.
 void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator);
 void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator);
+
+// Whether bernoulli_fill applies to `self`: as random_fill_applies, on a
+// machine where CPU's bernoulli_(p) kernel draws as that template does.
+bool bernoulli_fill_applies(const at::Tensor& self);
+
+// bernoulli_(p) of `self`, p in [0, 1]: as uniform_fill.
+void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator);
 
 // Whether normal_fill computes, for `self`, what CPU's normal_ kernel would
 // for a CPU tensor like it: a float, double, half or bfloat16 tensor of 16 or
