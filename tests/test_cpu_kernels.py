@@ -281,6 +281,13 @@ FACTORIES = {
     "linspace": lambda d: torch.linspace(-1, 1, 7, device=d),
     "linspace.int": lambda d: torch.linspace(0, 10, 4, dtype=torch.int64, device=d),
     "linspace.out": lambda d: torch.linspace(0, 1, 3, out=torch.empty(9, device=d)[::3]),
+    "arange.strided_out": lambda d: torch.arange(6, out=torch.empty(12, device=d)[::2]),
+    "arange.half": lambda d: torch.arange(-3, 50, 0.7, dtype=torch.float16, device=d),
+    "arange.bfloat16": lambda d: torch.arange(-3, 50, 0.7, dtype=torch.bfloat16, device=d),
+    "arange.int8": lambda d: torch.arange(100, -100, -3, dtype=torch.int8, device=d),
+    "linspace.bfloat16": lambda d: torch.linspace(-3, 50, 77, dtype=torch.bfloat16, device=d),
+    "linspace.one": lambda d: torch.linspace(2, 5, 1, device=d),
+    "linspace.zero": lambda d: torch.linspace(2, 5, 0, device=d),
 }
 
 
@@ -288,7 +295,21 @@ FACTORIES = {
 def test_factories_match_cpu(name):
     actual = FACTORIES[name](DEV)
     assert actual.device.type == DEV
-    assert_close(actual.cpu(), FACTORIES[name]("cpu"))
+    assert_close(actual.cpu(), FACTORIES[name]("cpu"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: torch.arange(0, 5, 0, device=DEV), "step must be nonzero"),
+        (lambda: torch.arange(5, 0, 1, device=DEV), "upper bound and lower bound inconsistent with step sign"),
+        (lambda: torch.linspace(0, 1, -1, device=DEV), "number of steps must be non-negative"),
+    ],
+)
+def test_factories_with_bad_arguments_raise_cpus_error(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call()
+    assert torch.arange(3, device=DEV).tolist() == [0, 1, 2]
 
 
 def test_mixed_devices_raise_the_same_device_error():

@@ -13,6 +13,9 @@
 //   as CUDA does, where_kernel.
 // - logical_{and,or,xor,not}.out: comparison iterators, logical_*_stub. The
 //   functional and in-place forms are CompositeExplicitAutograd.
+// - arange.start_out, linspace.out: resize the output and fill it through a
+//   nullary iterator and arange_stub / linspace_stub (a contiguous temporary
+//   when the output is not contiguous).
 // - masked_fill_: torch names it masked_fill__cpu, but only its stub
 //   (masked_fill_stub) is CPU code. masked_fill is CompositeExplicitAutograd.
 //
@@ -41,9 +44,11 @@
 // point the iterator at kernel addresses (use_kernel_addresses) and skip the
 // promotion that `cpu_kernel: true` stubs get (CpuStub.h).
 #include <ATen/ops/abs_native.h>
+#include <ATen/ops/arange_native.h>
 #include <ATen/ops/bernoulli_native.h>
 #include <ATen/ops/hardtanh_backward_native.h>
 #include <ATen/ops/hardtanh_native.h>
+#include <ATen/ops/linspace_native.h>
 #include <ATen/ops/logical_and_native.h>
 #include <ATen/ops/logical_not_native.h>
 #include <ATen/ops/logical_or_native.h>
@@ -102,6 +107,14 @@ at::Tensor& logical_xor_out(const at::Tensor& self, const at::Tensor& other, at:
 
 at::Tensor& logical_not_out(const at::Tensor& self, at::Tensor& out) {
   return at::native::logical_not_out(self, out);
+}
+
+at::Tensor& arange_start_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  return at::native::arange_out(start, end, step, out);
+}
+
+at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
+  return at::native::linspace_out(start, end, steps, out);
 }
 
 at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
