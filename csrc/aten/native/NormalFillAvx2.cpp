@@ -8,14 +8,16 @@
 // numbers as CPU from the same seed.
 //
 // The extension is built for baseline x86-64, so only this file's functions
-// are compiled for AVX2 and FMA (the flags of torch's AVX2 kernels), and it
-// includes nothing but the intrinsics and avx_mathfun.h: inline functions of
-// other headers, compiled here for AVX2, could otherwise be the copy the
-// linker keeps for the whole library. avx_mathfun.h's functions are hidden, so
-// no other library resolves to them.
+// are compiled for AVX2 and FMA (the flags of torch's AVX2 kernels), with
+// GCC's target pragma; with other compilers there is no such function, and
+// normal_ runs CPU's kernel on a host alias. The file includes nothing but the
+// intrinsics and avx_mathfun.h: inline functions of other headers, compiled
+// here for AVX2, could otherwise be the copy the linker keeps for the whole
+// library. avx_mathfun.h's functions are hidden, so no other library resolves
+// to them.
 #include "aten/native/NormalFillAvx2.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")

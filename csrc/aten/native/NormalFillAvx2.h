@@ -4,7 +4,7 @@
 
 namespace openreg::native {
 
-// Whether this build has normal_fill_16_avx2 (x86-64 with GCC or Clang).
+// Whether this build has normal_fill_16_avx2 (x86-64, built with GCC).
 bool have_normal_fill_16_avx2();
 
 // Turns 16 uniform draws in [0, 1) at `data` into 16 normal values with the
