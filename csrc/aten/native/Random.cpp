@@ -68,6 +68,18 @@ bool is_floating(const at::Tensor& self) {
   }
 }
 
+// Writes draw() into each element of the contiguous `self`, in memory order
+// on kernel addresses, under the generator's lock: what CPU's serial kernels
+// do through a nullary iterator.
+template <typename scalar_t, typename Draw>
+void draw_in_memory_order(const at::Tensor& self, at::CPUGeneratorImpl* generator, const Draw& draw) {
+  auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+  std::lock_guard<std::mutex> lock(generator->mutex_);
+  for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+    out[i] = draw();
+  }
+}
+
 // The transform CPU's normal_ kernel applies to float lanes on this machine.
 enum class FloatTransform { kScalar, kAvx2, kUnknown };
 
@@ -142,39 +154,30 @@ bool random_fill_applies(const at::Tensor& self) {
     case at::kInt:
     case at::kLong:
     case at::kBool:
-      break;
+      return self.numel() > 0 && self.is_contiguous();
     default:
-      if (!is_floating(self)) {
-        return false;
-      }
+      return uniform_fill_applies(self);
   }
-  return self.numel() > 0 && self.is_contiguous();
 }
 
 void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+    at::uniform_real_distribution<at::opmath_type<scalar_t>> uniform(0, 1);
     const auto one = static_cast<scalar_t>(1.0);
-    const auto zero = static_cast<scalar_t>(0.0);
-    std::lock_guard<std::mutex> lock(generator->mutex_);
-    at::uniform_real_distribution<opmath_t> uniform(0, 1);
-    for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+    draw_in_memory_order<scalar_t>(self, generator, [&] {
       // As CPU's kernel: a value the cast rounded up to 1 becomes 0.
       const auto value = static_cast<scalar_t>(uniform(generator));
-      out[i] = value == one ? zero : value;
-    }
+      return value == one ? static_cast<scalar_t>(0.0) : value;
+    });
   });
 }
 
 void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "random_", [&] {
-    auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
-    std::lock_guard<std::mutex> lock(generator->mutex_);
-    for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+    draw_in_memory_order<scalar_t>(self, generator, [generator] {
       at::uniform_int_distribution<scalar_t> random;
-      out[i] = random(generator);
-    }
+      return random(generator);
+    });
   });
 }
 
@@ -191,12 +194,10 @@ bool bernoulli_fill_applies(const at::Tensor& self) {
 
 void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
-    auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
-    std::lock_guard<std::mutex> lock(generator->mutex_);
-    for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+    draw_in_memory_order<scalar_t>(self, generator, [p, generator] {
       at::bernoulli_distribution<double> bernoulli(p);
-      out[i] = static_cast<scalar_t>(bernoulli(generator));
-    }
+      return static_cast<scalar_t>(bernoulli(generator));
+    });
   });
 }
 
