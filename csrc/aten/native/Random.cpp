@@ -26,13 +26,21 @@
 // (normal_fill_applies): it draws the uniforms and transforms them 16 at a
 // time in CPU's order, with the transform CPU's kernel uses on this machine:
 // the header's scalar NormalFill16, or for float lanes on AVX2 and AVX-512
-// machines the AVX2 one (NormalFillAvx2.cpp).
+// machines the AVX2 one (NormalFillAvx2.cpp). normal_fill and bernoulli_fill
+// check once, on 4096 values, that they give CPU's numbers (fills_like_cpu);
+// where they do not, DeviceGeneric.cpp keeps CPU's kernel on a host alias.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
+#include <cstring>
+#include <vector>
+
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Version.h>
 #include <ATen/native/UnaryOps.h>
+#include <ATen/ops/bernoulli_native.h>
+#include <ATen/ops/normal_native.h>
 #include <ATen/native/cpu/DistributionTemplates.h>
 
 #include "OpenRegNativeFunctions.h"
@@ -68,33 +76,61 @@ bool is_floating(const at::Tensor& self) {
   }
 }
 
-// Writes draw() into each element of the contiguous `self`, in memory order
-// on kernel addresses, under the generator's lock: what CPU's serial kernels
-// do through a nullary iterator.
+// The kernel address of the first element of `self`.
+template <typename scalar_t>
+scalar_t* kernel_data(const at::Tensor& self) {
+  return static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+}
+
+// Writes draw() into out[0 .. size), in order, under the generator's lock:
+// what CPU's serial kernels do to a contiguous tensor through a nullary
+// iterator.
 template <typename scalar_t, typename Draw>
-void draw_in_memory_order(const at::Tensor& self, at::CPUGeneratorImpl* generator, const Draw& draw) {
-  auto* out = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
+void draw_in_memory_order(scalar_t* out, int64_t size, at::CPUGeneratorImpl* generator, const Draw& draw) {
   std::lock_guard<std::mutex> lock(generator->mutex_);
-  for (int64_t i = 0, n = self.numel(); i < n; ++i) {
+  for (int64_t i = 0; i < size; ++i) {
     out[i] = draw();
   }
+}
+
+template <typename scalar_t>
+void fill_bernoulli(scalar_t* out, int64_t size, double p, at::CPUGeneratorImpl* generator) {
+  draw_in_memory_order(out, size, generator, [p, generator] {
+    at::bernoulli_distribution<double> bernoulli(p);
+    return static_cast<scalar_t>(bernoulli(generator));
+  });
+}
+
+// Whether `fill(out, size, generator)` writes what `cpu_kernel(tensor,
+// generator)`, CPU's kernel run directly, writes into a CPU tensor of 4096
+// elements from the same seed. CPU's kernels are compiled with torch's
+// compiler and flags; what the compiler may fuse or vectorize differently
+// here (an unoptimized or sanitizer build, another compiler) shows as other
+// bits, and the caller then keeps CPU's kernel.
+template <typename scalar_t, typename CpuKernel, typename Fill>
+bool fills_like_cpu(const CpuKernel& cpu_kernel, const Fill& fill) {
+  constexpr int64_t kSize = 4096;
+  constexpr uint64_t kSeed = 20261123;
+  at::Tensor cpu = at::detail::empty_cpu({kSize}, c10::CppTypeToScalarType<scalar_t>::value);
+  cpu_kernel(cpu, at::detail::createCPUGenerator(kSeed));
+  std::vector<scalar_t> ours(kSize);
+  const at::Generator generator = at::detail::createCPUGenerator(kSeed);
+  fill(ours.data(), kSize, generator.get<at::CPUGeneratorImpl>());
+  return std::memcmp(ours.data(), cpu.const_data_ptr(), sizeof(scalar_t) * kSize) == 0;
 }
 
 // The transform CPU's normal_ kernel applies to float lanes on this machine.
 enum class FloatTransform { kScalar, kAvx2, kUnknown };
 
-FloatTransform cpu_float_transform() {
-  static const FloatTransform transform = [] {
-    const std::string capability = at::get_cpu_capability();
-    if (capability == "DEFAULT") {
-      return FloatTransform::kScalar;
-    }
-    if ((capability == "AVX2" || capability == "AVX512") && have_normal_fill_16_avx2()) {
-      return FloatTransform::kAvx2;
-    }
-    return FloatTransform::kUnknown;
-  }();
-  return transform;
+FloatTransform capability_transform() {
+  const std::string capability = at::get_cpu_capability();
+  if (capability == "DEFAULT") {
+    return FloatTransform::kScalar;
+  }
+  if ((capability == "AVX2" || capability == "AVX512") && have_normal_fill_16_avx2()) {
+    return FloatTransform::kAvx2;
+  }
+  return FloatTransform::kUnknown;
 }
 
 // CPU's normal_fill on a raw pointer: uniform draws, then `transform16` on
@@ -140,6 +176,50 @@ void fill_normal(scalar_t* data, int64_t size, at::CPUGeneratorImpl* generator, 
   }
 }
 
+// normal_ into out[0 .. size) with `transform`'s Box-Muller step.
+template <typename scalar_t>
+void fill_normal_as(
+    FloatTransform transform,
+    scalar_t* out,
+    int64_t size,
+    double mean,
+    double std,
+    at::CPUGeneratorImpl* generator) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  if constexpr (std::is_same_v<opmath_t, float>) {
+    if (transform == FloatTransform::kAvx2) {
+      const float m = static_cast<float>(mean);
+      const float s = static_cast<float>(std);
+      fill_normal(out, size, generator, [m, s](float* values) { normal_fill_16_avx2(values, m, s); });
+      return;
+    }
+  }
+  const at::native::templates::cpu::NormalFill16<opmath_t> transform16(
+      static_cast<opmath_t>(mean), static_cast<opmath_t>(std));
+  fill_normal(out, size, generator, [&transform16](opmath_t* values) { transform16(values); });
+}
+
+// The transform for this machine's capability, if it gives CPU's float and
+// double values (checked once); kUnknown otherwise.
+FloatTransform cpu_float_transform() {
+  static const FloatTransform transform = [] {
+    const FloatTransform candidate = capability_transform();
+    auto same_as_cpu = [candidate](auto zero) {
+      using scalar_t = decltype(zero);
+      return fills_like_cpu<scalar_t>(
+          [](at::Tensor& t, const at::Generator& g) { at::native::normal_(t, 0.5, 2.0, g); },
+          [candidate](scalar_t* out, int64_t size, at::CPUGeneratorImpl* g) {
+            fill_normal_as(candidate, out, size, 0.5, 2.0, g);
+          });
+    };
+    if (candidate == FloatTransform::kUnknown || !same_as_cpu(0.0f) || !same_as_cpu(0.0)) {
+      return FloatTransform::kUnknown;
+    }
+    return candidate;
+  }();
+  return transform;
+}
+
 } // namespace
 
 bool uniform_fill_applies(const at::Tensor& self) {
@@ -164,7 +244,7 @@ void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
     at::uniform_real_distribution<at::opmath_type<scalar_t>> uniform(0, 1);
     const auto one = static_cast<scalar_t>(1.0);
-    draw_in_memory_order<scalar_t>(self, generator, [&] {
+    draw_in_memory_order(kernel_data<scalar_t>(self), self.numel(), generator, [&] {
       // As CPU's kernel: a value the cast rounded up to 1 becomes 0.
       const auto value = static_cast<scalar_t>(uniform(generator));
       return value == one ? static_cast<scalar_t>(0.0) : value;
@@ -174,7 +254,7 @@ void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
 
 void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "random_", [&] {
-    draw_in_memory_order<scalar_t>(self, generator, [generator] {
+    draw_in_memory_order(kernel_data<scalar_t>(self), self.numel(), generator, [generator] {
       at::uniform_int_distribution<scalar_t> random;
       return random(generator);
     });
@@ -182,22 +262,17 @@ void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
 }
 
 bool bernoulli_fill_applies(const at::Tensor& self) {
-  // With MKL, CPU's kernel draws through MKL's VSL routines on Intel CPUs
-  // (which libtorch_cpu does not export); elsewhere it runs the template.
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool cpu_runs_template = !__builtin_cpu_is("intel");
-#else
-  static const bool cpu_runs_template = false;
-#endif
-  return cpu_runs_template && random_fill_applies(self);
+  // CPU's kernel is the template's loop unless torch was built with MKL and
+  // runs on an Intel CPU: then it draws with MKL's VSL routines, other numbers.
+  static const bool cpu_runs_template = fills_like_cpu<float>(
+      [](at::Tensor& t, const at::Generator& g) { at::native::bernoulli_(t, 0.37, g); },
+      [](float* out, int64_t size, at::CPUGeneratorImpl* g) { fill_bernoulli(out, size, 0.37, g); });
+  return random_fill_applies(self) && cpu_runs_template;
 }
 
 void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
-    draw_in_memory_order<scalar_t>(self, generator, [p, generator] {
-      at::bernoulli_distribution<double> bernoulli(p);
-      return static_cast<scalar_t>(bernoulli(generator));
-    });
+    fill_bernoulli(kernel_data<scalar_t>(self), self.numel(), p, generator);
   });
 }
 
@@ -207,22 +282,8 @@ bool normal_fill_applies(const at::Tensor& self) {
 }
 
 void normal_fill(const at::Tensor& self, double mean, double std, at::CPUGeneratorImpl* generator) {
-  void* data = orKernelAddress(self.mutable_data_ptr());
-  const int64_t size = self.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    auto* out = static_cast<scalar_t*>(data);
-    if constexpr (std::is_same_v<opmath_t, float>) {
-      if (cpu_float_transform() == FloatTransform::kAvx2) {
-        const float m = static_cast<float>(mean);
-        const float s = static_cast<float>(std);
-        fill_normal(out, size, generator, [m, s](float* values) { normal_fill_16_avx2(values, m, s); });
-        return;
-      }
-    }
-    const at::native::templates::cpu::NormalFill16<opmath_t> transform16(
-        static_cast<opmath_t>(mean), static_cast<opmath_t>(std));
-    fill_normal(out, size, generator, [&transform16](opmath_t* values) { transform16(values); });
+    fill_normal_as(cpu_float_transform(), kernel_data<scalar_t>(self), self.numel(), mean, std, generator);
   });
 }
 
