@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from codegen.emit_cpu_kernels import register_cpu_kernels
+from codegen.emit_cpu_kernels import cpu_function_name, register_cpu_kernels
 from codegen.emit_custom import kernel_entries, register_custom_ops
 from codegen.emit_structured import impl_declaration, register_structured
 from codegen.model import (
@@ -219,7 +219,7 @@ def kernel_table(cfg: BackendConfig) -> str:
         (f"aten::{f.func.name}", "Structured", s.serving(cfg.cpp_namespace)) for s in cfg.structured for f in s.functions()
     ]
     rows += [
-        (f"aten::{c.name}", "CpuKernel", f"at::_ops::{c.name.unambiguous_name()}::redispatch") for c in cfg.cpu_kernels
+        (f"aten::{c.name}", "CpuKernel", cpu_function_name(c.func)) for c in cfg.cpu_kernels
     ]
     rows += [
         (f"{cfg.custom_namespace}::{c.name}", "CustomOp", f"{cfg.cpp_namespace}::{c.kernel}") for c in cfg.custom_ops

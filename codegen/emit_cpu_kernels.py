@@ -5,21 +5,27 @@ For each `cpu_kernels` entry the wrapper has the dispatcher's signature and
 drives an ``openreg::HostCall`` (csrc/aten/OpenRegHostCall.h) argument by
 argument, as the boxed CPU fallback does at run time, but with every type known
 here: it notes where each operand lives, begins the call (device guard, stream
-order, CPU allocations redirected to device memory), redispatches the operator
-to CPU with host aliases of the operands, and returns written operands as
+order, CPU allocations redirected to device memory), calls the operator's
+CPU kernel with host aliases of the operands, and returns written operands as
 themselves and fresh results as openreg tensors over the memory the CPU kernel
 allocated.
+
+The CPU kernel is called as the C++ function torch generates for it
+(``at::cpu::sum``, or the composite namespace whose kernel CPU's dispatch table
+holds), not redispatched: the table lookup costs about 20 ns a call. So a CPU
+kernel registered over torch's own (torch.library) is not what openreg runs.
 """
 
 from __future__ import annotations
 
 from codegen.model import TRACE_HEADER, BackendConfig, CpuKernelEntry, aten_registrations, trace_scope, wrapper_name
-from torchgen.api.types import DispatcherSignature
+from codegen.native import cpu_dispatch_namespace
+from torchgen.api.translate import translate
+from torchgen.api.types import CppSignature, CppSignatureGroup, DispatcherSignature, Expr
 from torchgen.context import native_function_manager
-from torchgen.model import Argument, BaseTy, BaseType, ListType, OptionalType, Type
+from torchgen.model import Argument, BaseTy, BaseType, ListType, NativeFunction, OptionalType, Type
 
 HOST_CALL_HEADER = "aten/OpenRegHostCall.h"
-CPU_KEYS = "c10::DispatchKeySet(c10::DispatchKey::CPU)"
 
 
 def _kind(t: Type) -> str:
@@ -54,7 +60,7 @@ def _host_expr(a: Argument) -> str:
     if not kind:
         return a.name
     if kind == "tensor" and a.is_write:
-        return f"{a.name}_host"  # a local: the redispatch takes a Tensor&
+        return f"{a.name}_host"  # a local: the CPU function takes a Tensor&
     if kind == "generator":
         return f"call.generator({a.name})" if isinstance(a.type, OptionalType) else f"*call.generator({a.name})"
     if kind == "device":
@@ -62,8 +68,23 @@ def _host_expr(a: Argument) -> str:
     return f"call.host({a.name})"
 
 
+def cpu_function(f: NativeFunction) -> tuple[str, CppSignature]:
+    """(namespace, signature) of the C++ function that is CPU's kernel of
+    ``f``: ``at::cpu::sum_outf``. The faithful (schema-ordered) and SymInt
+    variant, so the dispatcher's arguments pass through unchanged."""
+    with native_function_manager(f):
+        group = CppSignatureGroup.from_native_function(f, method=False, fallback_binding=f.manual_cpp_binding)
+    sig = max(group.signatures(symint=True), key=lambda s: (s.symint, s.faithful))
+    return f"at::{cpu_dispatch_namespace(f)}", sig
+
+
+def cpu_function_name(f: NativeFunction) -> str:
+    namespace, sig = cpu_function(f)
+    return f"{namespace}::{sig.name()}"
+
+
 def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
-    """(how the redispatch's value is kept, the return statement)."""
+    """(how the CPU function's value is kept, the return statement)."""
     schema = entry.func.func
     aliased = schema.aliased_return_names()
     returns = schema.returns
@@ -97,17 +118,19 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         arguments = [b.argument for b in sig.arguments()]
         notes = [n for n in (_note(a) for a in arguments if isinstance(a, Argument)) if n is not None]
         written = [f"  at::Tensor {a.name}_host = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
-        exprs = ", ".join([CPU_KEYS] + [_host_expr(a) for a in arguments])
+        namespace, cpu_sig = cpu_function(f)
+        host = [Expr(_host_expr(b.argument), b.nctype) for b in sig.arguments() if isinstance(b.argument, Argument)]
+        exprs = ", ".join(e.expr for e in translate(host, cpu_sig.arguments(), method=False))
         keep, ret = _returns(entry)
         accepts = "true" if entry.accepts_cpu_tensors else "false"
-        redispatch = f"at::_ops::{f.func.name.unambiguous_name()}::redispatch"
+        kernel = f"{namespace}::{cpu_sig.name()}"
         body = [
-            f"  {trace_scope(op, 'CpuKernel', redispatch)}",
+            f"  {trace_scope(op, 'CpuKernel', kernel)}",
             f'  openreg::HostCall call("{op}", /*accepts_cpu_tensors=*/{accepts});',
             *notes,
             "  call.begin();",
             *written,
-            f"  {keep}{redispatch}({exprs});",
+            f"  {keep}{kernel}({exprs});",
             "  call.finish();",
         ]
         if ret:
@@ -120,7 +143,10 @@ def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
     if not entries:
         body = "// No cpu_kernels in the yaml.\n"
         return f"{banner}\n{body}"
-    headers = "".join(f"#include <ATen/ops/{root}_ops.h>\n" for root in sorted({e.func.root_name for e in entries}))
+    headers = "".join(
+        f"#include <ATen/ops/{root}_{namespace}_dispatch.h>\n"
+        for root, namespace in sorted({(e.func.root_name, cpu_dispatch_namespace(e.func)) for e in entries})
+    )
     wrappers = "\n\n".join(cpu_kernel_wrapper(e) for e in entries)
     impls = "\n".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in entries)
     return f"""{banner}

@@ -43,12 +43,28 @@ def cpu_kernel(g: NativeFunctionsGroup) -> BackendMetadata | None:
     return parsed().backend_indices[DispatchKey.CPU].get_kernel(g)
 
 
+# The keys whose kernels CPU's dispatch table holds, the first one present winning.
+_CPU_KEYS = (DispatchKey.CPU, DispatchKey.CompositeExplicitAutograd, DispatchKey.CompositeExplicitAutogradNonFunctional)
+
+
+def _cpu_key(f: NativeFunction) -> DispatchKey | None:
+    indices = parsed().backend_indices
+    if f.structured_delegate is not None:
+        f = native_functions()[str(f.structured_delegate)]
+    return next((k for k in _CPU_KEYS if indices[k].has_kernel(f)), None)
+
+
 def has_cpu_kernel(f: NativeFunction) -> bool:
     """Whether dispatching ``f`` to CPU reaches a kernel of its own: a CPU
     kernel, its structured out= operator's, or a CompositeExplicitAutograd one
     (which CPU's dispatch table holds too)."""
-    indices = parsed().backend_indices
-    if f.structured_delegate is not None:
-        f = native_functions()[str(f.structured_delegate)]
-    keys = (DispatchKey.CPU, DispatchKey.CompositeExplicitAutograd, DispatchKey.CompositeExplicitAutogradNonFunctional)
-    return any(indices[k].has_kernel(f) for k in keys)
+    return _cpu_key(f) is not None
+
+
+def cpu_dispatch_namespace(f: NativeFunction) -> str:
+    """The namespace of the C++ function that serves ``f`` on CPU, as torch's
+    ``ATen/ops/{name}_{namespace}_dispatch.h`` declares it: ``cpu`` or a
+    composite one (``compositeexplicitautograd``)."""
+    key = _cpu_key(f)
+    assert key is not None, f"{f.func.name} has no CPU kernel"
+    return str(key).lower()

@@ -7,11 +7,11 @@
 
 #include <torch/library.h>
 
-#include <ATen/ops/cat_ops.h>
-#include <ATen/ops/index_ops.h>
-#include <ATen/ops/randperm_ops.h>
-#include <ATen/ops/sort_ops.h>
-#include <ATen/ops/uniform_ops.h>
+#include <ATen/ops/cat_cpu_dispatch.h>
+#include <ATen/ops/index_cpu_dispatch.h>
+#include <ATen/ops/randperm_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/sort_cpu_dispatch.h>
+#include <ATen/ops/uniform_cpu_dispatch.h>
 
 #include "aten/OpenRegHostCall.h"
 #include "aten/OpenRegTrace.h"
@@ -21,18 +21,18 @@ namespace {
 
 // cat(Tensor[] tensors, int dim=0) -> Tensor
 at::Tensor wrapper_cat(const at::ITensorListRef & tensors, int64_t dim) {
-  const ::openreg::trace::Scope trace_scope("aten::cat", ::openreg::trace::Route::CpuKernel, "at::_ops::cat::redispatch");
+  const ::openreg::trace::Scope trace_scope("aten::cat", ::openreg::trace::Route::CpuKernel, "at::cpu::cat");
   openreg::HostCall call("aten::cat", /*accepts_cpu_tensors=*/false);
   call.note(tensors, "tensors");
   call.begin();
-  auto result = at::_ops::cat::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(tensors), dim);
+  auto result = at::cpu::cat(call.host(tensors), dim);
   call.finish();
   return call.result(std::move(result));
 }
 
 // sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 ::std::tuple<at::Tensor &,at::Tensor &> wrapper_sort_values_stable(const at::Tensor & self, ::std::optional<bool> stable, int64_t dim, bool descending, at::Tensor & values, at::Tensor & indices) {
-  const ::openreg::trace::Scope trace_scope("aten::sort.values_stable", ::openreg::trace::Route::CpuKernel, "at::_ops::sort_values_stable::redispatch");
+  const ::openreg::trace::Scope trace_scope("aten::sort.values_stable", ::openreg::trace::Route::CpuKernel, "at::cpu::sort_outf");
   openreg::HostCall call("aten::sort.values_stable", /*accepts_cpu_tensors=*/false);
   call.note(self, "self");
   call.note(values, "values", /*written=*/true);
@@ -40,44 +40,44 @@ at::Tensor wrapper_cat(const at::ITensorListRef & tensors, int64_t dim) {
   call.begin();
   at::Tensor values_host = call.written(values);
   at::Tensor indices_host = call.written(indices);
-  at::_ops::sort_values_stable::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(self), stable, dim, descending, values_host, indices_host);
+  at::cpu::sort_outf(call.host(self), stable, dim, descending, values_host, indices_host);
   call.finish();
   return std::forward_as_tuple(values, indices);
 }
 
 // uniform_(Tensor(a!) self, float from=0, float to=1, *, Generator? generator=None) -> Tensor(a!)
 at::Tensor & wrapper_uniform_(at::Tensor & self, double from, double to, ::std::optional<at::Generator> generator) {
-  const ::openreg::trace::Scope trace_scope("aten::uniform_", ::openreg::trace::Route::CpuKernel, "at::_ops::uniform_::redispatch");
+  const ::openreg::trace::Scope trace_scope("aten::uniform_", ::openreg::trace::Route::CpuKernel, "at::cpu::uniform_");
   openreg::HostCall call("aten::uniform_", /*accepts_cpu_tensors=*/false);
   call.note(self, "self", /*written=*/true);
   call.note(generator, "generator");
   call.begin();
   at::Tensor self_host = call.written(self);
-  at::_ops::uniform_::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self_host, from, to, call.generator(generator));
+  at::cpu::uniform_(self_host, from, to, call.generator(generator));
   call.finish();
   return self;
 }
 
 // index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
 at::Tensor wrapper_index_Tensor(const at::Tensor & self, const c10::List<::std::optional<at::Tensor>> & indices) {
-  const ::openreg::trace::Scope trace_scope("aten::index.Tensor", ::openreg::trace::Route::CpuKernel, "at::_ops::index_Tensor::redispatch");
+  const ::openreg::trace::Scope trace_scope("aten::index.Tensor", ::openreg::trace::Route::CpuKernel, "at::cpu::index");
   openreg::HostCall call("aten::index.Tensor", /*accepts_cpu_tensors=*/true);
   call.note(self, "self");
   call.note(indices, "indices");
   call.begin();
-  auto result = at::_ops::index_Tensor::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), call.host(self), call.host(indices));
+  auto result = at::cpu::index(call.host(self), call.host(indices));
   call.finish();
   return call.result(std::move(result));
 }
 
 // randperm.generator(SymInt n, *, Generator? generator, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 at::Tensor wrapper_randperm_generator(c10::SymInt n, ::std::optional<at::Generator> generator, ::std::optional<at::ScalarType> dtype, ::std::optional<at::Layout> layout, ::std::optional<at::Device> device, ::std::optional<bool> pin_memory) {
-  const ::openreg::trace::Scope trace_scope("aten::randperm.generator", ::openreg::trace::Route::CpuKernel, "at::_ops::randperm_generator::redispatch");
+  const ::openreg::trace::Scope trace_scope("aten::randperm.generator", ::openreg::trace::Route::CpuKernel, "at::compositeexplicitautograd::randperm_symint");
   openreg::HostCall call("aten::randperm.generator", /*accepts_cpu_tensors=*/false);
   call.note(generator, "generator");
   call.note(device, "device");
   call.begin();
-  auto result = at::_ops::randperm_generator::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), n, call.generator(generator), dtype, layout, call.device(device), pin_memory);
+  auto result = at::compositeexplicitautograd::randperm_symint(n, call.generator(generator), dtype, layout, call.device(device), pin_memory);
   call.finish();
   return call.result(std::move(result));
 }
