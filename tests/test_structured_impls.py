@@ -1,5 +1,5 @@
 """Structured operators with an openreg impl() (`structured: impl:` in
-backend_functions.yaml): cat, mm, addmm, bmm and baddbmm. torch's meta() checks and sizes;
+backend_functions.yaml): cat, mm, addmm, bmm, baddbmm, gather and scatter. torch's meta() checks and sizes;
 openreg's impl works on kernel addresses, and for mm/addmm hands what it cannot
 do to CPU's kernel. Both routes must give CPU's results bit for bit."""
 
@@ -292,3 +292,144 @@ def test_cat_waits_for_a_copy_queued_on_its_stream():
         dst.copy_(src, non_blocking=True)
         r = torch.cat([dst[:8], dst[:8]])
     assert torch.equal(r.cpu(), torch.cat([src[:8], src[:8]]))
+
+
+# --- gather / scatter -----------------------------------------------------------
+# Small operands move their elements on kernel addresses; larger ones, other
+# dtypes and bad indices go to CPU's kernel. Both must be CPU's bit for bit.
+
+GATHER_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+                 torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+
+
+def column_major(shape, dtype, device="cpu"):
+    """An empty tensor of `shape` whose first dimension is the densest: a strided out=."""
+    return torch.empty(tuple(reversed(shape)), dtype=dtype, device=device).permute(*reversed(range(len(shape))))
+
+
+def gather_cases(dtype, index_dtype):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 6, 7, generator=g).mul(10).to(dtype)
+    for dim in (0, 1, 2, -1):
+        size = x.shape[dim]
+        shape = [4, 5, 6]
+        shape[dim] = 9  # longer than the dimension along dim: repeated positions
+        index = torch.randint(0, size, shape, generator=g).to(index_dtype)
+        yield f"dim {dim}", x, dim, index
+        # Strided operands: a transposed self, a sliced index.
+        yield f"dim {dim} transposed", x.transpose(0, 2).contiguous().transpose(0, 2), dim, index
+        yield f"dim {dim} sliced index", x, dim, index[:, ::2]
+    yield "1-d", x.flatten(), 0, torch.randint(0, 210, (50,), generator=g).to(index_dtype)
+    yield "large", torch.randn(300, 200, generator=g).to(dtype), 1, torch.randint(0, 200, (300, 150), generator=g)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", GATHER_DTYPES, ids=str)
+def test_gather_is_cpus_bit_for_bit(dtype, index_dtype):
+    for name, x, dim, index in gather_cases(dtype, index_dtype):
+        same_as_cpu(lambda a, i: torch.gather(a, dim, i), x, index)
+        out = column_major(index.shape, dtype)
+        expected = torch.gather(x, dim, index, out=out)
+        dev_out = column_major(index.shape, dtype, DEV)
+        torch.gather(on(x), dim, on(index), out=dev_out)
+        assert torch.equal(dev_out.cpu(), expected), name
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", GATHER_DTYPES, ids=str)
+def test_scatter_is_cpus_bit_for_bit(dtype, index_dtype):
+    g = torch.Generator().manual_seed(8)
+    for name, x, dim, index in gather_cases(dtype, index_dtype):
+        # Positions written twice keep the value CPU writes last.
+        src_shape = [s + 1 for s in index.shape]
+        src = torch.randn(src_shape, generator=g).mul(10).to(dtype)
+        same_as_cpu(lambda a, i, s: torch.scatter(a, dim, i, s), x, index, src)
+        same_as_cpu(lambda a, i: torch.scatter(a, dim, i, 3), x, index)
+        for value in (src, 3):
+            expected = x.clone().scatter_(dim, index, value)
+            actual = on(x)
+            r = actual.scatter_(dim, on(index), on(value) if isinstance(value, torch.Tensor) else value)
+            assert r is actual and torch.equal(actual.cpu(), expected), name
+            out, dev_out = column_major(x.shape, dtype), column_major(x.shape, dtype, DEV)
+            torch.scatter(x, dim, index, value, out=out)
+            torch.scatter(on(x), dim, on(index), on(value) if isinstance(value, torch.Tensor) else value, out=dev_out)
+            assert torch.equal(dev_out.cpu(), out), name
+
+
+def test_scatter_value_converts_like_cpu():
+    x = torch.zeros(3, 4, dtype=torch.int8)
+    index = torch.tensor([[0, 1], [2, 3]])
+    raises_like_cpu(lambda t, i: t.scatter(1, i, 300), x, index)
+    same_as_cpu(lambda t, i: t.scatter(1, i, 2.7), x, index)
+    same_as_cpu(lambda t, i: t.bool().scatter(1, i, 2.7), x, index)
+
+
+def raises_like_cpu(fn, *args):
+    with pytest.raises(Exception) as cpu_error:
+        fn(*args)
+    with pytest.raises(type(cpu_error.value)) as error:
+        fn(*(on(a) for a in args))
+    assert str(error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
+
+
+def test_gather_and_scatter_errors_are_cpus():
+    x = torch.randn(4, 5)
+    # Several bad indices: the error names the one CPU finds first.
+    bad = torch.tensor([[0, 9, 1], [-1, 2, 7], [0, 0, 0]])
+    for dim in (0, 1):
+        raises_like_cpu(lambda t, i: torch.gather(t, dim, i), x, bad)
+        raises_like_cpu(lambda t, i: torch.scatter(t, dim, i, 1.0), x, bad)
+        raises_like_cpu(lambda t, i, s: torch.scatter(t, dim, i, s), x, bad, torch.ones(3, 3))
+    raises_like_cpu(lambda t, i: torch.gather(t, 1, i), x, torch.zeros(2, 2))  # float index
+    raises_like_cpu(lambda t, i: torch.gather(t, 1, i), x, torch.zeros(2, 2, 2, dtype=torch.long))
+    raises_like_cpu(lambda t, i, s: torch.scatter(t, 1, i, s), x, torch.zeros(2, 2, dtype=torch.long),
+                    torch.ones(2, 2, dtype=torch.float64))
+    raises_like_cpu(lambda t, i: torch.gather(t.to(torch.uint16), 1, i), x, torch.zeros(2, 2, dtype=torch.long))
+    # After a bad index the tensor holds what CPU's holds (CPU's kernel writes
+    # up to the bad index), and the device keeps working.
+    y, expected = on(x), x.clone()
+    for t, i in ((y, on(bad)), (expected, bad)):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            t.scatter_(1, i, 5.0)
+    assert torch.equal(y.cpu(), expected)
+    assert torch.equal(torch.gather(y, 1, on(bad.clamp(0, 4))).cpu(), torch.gather(expected, 1, bad.clamp(0, 4)))
+
+
+def test_gather_and_scatter_check_devices():
+    x, index = on(torch.randn(3, 3)), torch.zeros(3, 3, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.gather(x, 0, index)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.scatter(x, 0, on(index), torch.ones(3, 3))
+
+
+def test_gather_and_scatter_zero_size_and_scalars():
+    x = torch.randn(3, 4)
+    same_as_cpu(lambda t, i: torch.gather(t, 1, i), x, torch.zeros(3, 0, dtype=torch.long))
+    same_as_cpu(lambda t, i: torch.scatter(t, 1, i, 2.0), x, torch.zeros(3, 0, dtype=torch.long))
+    same_as_cpu(lambda t, i: torch.gather(t, 0, i), torch.tensor(2.5), torch.tensor([0]))
+    same_as_cpu(lambda t, i: torch.scatter(t, 0, i, 1.0), torch.tensor(2.5), torch.tensor(0))
+
+
+def test_scatter_out_overlapping_self_runs_cpus_kernel():
+    base = torch.arange(12.0)
+    index = torch.tensor([[0, 1]])
+    raises_like_cpu(lambda b, i: torch.scatter(b[:6].view(2, 3), 1, i, -1.0, out=b[2:8].view(2, 3)), base, index)
+    # A column of itself: the same memory, no copy needed.
+    expected = base.clone().view(3, 4)
+    torch.scatter(expected, 1, index, -1.0, out=expected)
+    actual = on(base).view(3, 4)
+    torch.scatter(actual, 1, on(index), -1.0, out=actual)
+    assert torch.equal(actual.cpu(), expected)
+
+
+def test_gather_and_scatter_gradients_match_cpu():
+    x, index = torch.randn(4, 5), torch.tensor([[0, 1, 1], [4, 4, 0], [2, 3, 2], [0, 0, 0]])
+    src = torch.randn(4, 3)
+    grads = []
+    for dev in ("cpu", DEV):
+        a = x.detach().to(dev).requires_grad_()
+        s = src.detach().to(dev).requires_grad_()
+        (torch.gather(a, 1, index.to(dev)).pow(2).sum() + torch.scatter(a, 1, index.to(dev), s).pow(3).sum()).backward()
+        grads.append((a.grad.cpu(), s.grad.cpu()))
+    assert_close(grads[0], grads[1], rtol=0, atol=0)

@@ -46,7 +46,9 @@ def add_relu_on_cpu(a, b):
         ("structured unary chain", lambda a, b: torch.sigmoid(a).tanh() * b.exp(), None),
         ("reduction", lambda a, b: (a * b).sum(1), None),
         ("matmul (structured, openreg impl)", lambda a, b: a @ b.t(), None),
-        ("gather (CPU kernel on device memory)", lambda a, b: torch.gather(a * b, 1, torch.tensor([[0, 2, 5]] * 5, device=a.device)), None),
+        ("gather (structured, openreg impl)", lambda a, b: torch.gather(a * b, 1, torch.tensor([[0, 2, 5]] * 5, device=a.device)), None),
+        ("scatter_add (CPU kernel on device memory)",
+         lambda a, b: torch.scatter_add(a, 1, torch.tensor([[0, 2, 2]] * 5, device=a.device), b[:, :3]), None),
         ("cumsum (CPU kernel on device memory)", lambda a, b: torch.cumsum(a * b, 1), None),
         ("softmax (CPU kernel on device memory)", lambda a, b: torch.softmax(a, 1) * b, None),
         ("logcumsumexp (CPU fallback)", lambda a, b: torch.logcumsumexp(a * b, 1), None),
@@ -62,9 +64,10 @@ def test_gradients_equal_cpu_for_every_route(name, fn, cpu_fn):
 def test_the_routes_above_are_what_they_say():
     # If one of these becomes native the test above still passes, but its
     # labels lie; update them (pick another fallback op) when this fails.
-    for op in ("aten::cumsum", "aten::gather", "aten::_softmax"):
+    for op in ("aten::cumsum", "aten::scatter_add", "aten::_softmax"):
         assert classify(op).served_by.startswith("CPU kernel on device memory"), op
     assert classify("aten::mm").served_by == "structured kernel openreg::native::mm_out"
+    assert classify("aten::gather").served_by == "structured kernel openreg::native::gather_out"
     assert classify("aten::_logcumsumexp").category == "fallback"
 
 
