@@ -1,7 +1,8 @@
 """Structured operators with an openreg impl() (`structured: impl:` in
-backend_functions.yaml): cat, mm, addmm, bmm, baddbmm, gather and scatter. torch's meta() checks and sizes;
-openreg's impl works on kernel addresses, and for mm/addmm hands what it cannot
-do to CPU's kernel. Both routes must give CPU's results bit for bit."""
+backend_functions.yaml): cat, mm, addmm, bmm, baddbmm, gather and scatter.
+torch's meta() checks and sizes; openreg's impl works on kernel addresses, and
+hands what it cannot do to CPU's kernel. Both routes must give CPU's results bit
+for bit."""
 
 import pytest
 import torch

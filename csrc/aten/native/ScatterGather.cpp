@@ -203,12 +203,14 @@ void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bo
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   if (moves_here(out, self, index, nullptr) && indices_in_bounds(index, self.size(d))) {
-    AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_gather", [&] { gather_elements<index_t>(self, d, index, out); });
+    AT_DISPATCH_INDEX_TYPES(
+        index.scalar_type(), "openreg_gather", [&] { gather_elements<index_t>(self, d, index, out); });
     return;
   }
-  run_cpu_out_kernel("aten::gather.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& host_out, HostCall& call) {
-    at::cpu::gather_outf(call.host(self), dim, call.host(index), sparse_grad, host_out);
-  });
+  run_cpu_out_kernel(
+      "aten::gather.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& host_out, HostCall& call) {
+        at::cpu::gather_outf(call.host(self), dim, call.host(index), sparse_grad, host_out);
+      });
 }
 
 void scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
@@ -237,15 +239,17 @@ void scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
                        const at::Tensor& out) {
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   if (moves_here(out, self, index, nullptr) && copies_self(self, out) && indices_in_bounds(index, out.size(d))) {
-    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kBool, at::kHalf, at::kBFloat16, out.scalar_type(), "openreg_scatter_value", [&] {
-      const scalar_t v = value.to<scalar_t>(); // CPU's conversion and its overflow error
-      if (!self.is_same(out)) {
-        copy_elements(self, out);
-      }
-      AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_scatter_value", [&] {
-        scatter_elements<index_t, scalar_t>(out, d, index, index.strides(), [&](scalar_t* at, int64_t) { *at = v; });
-      });
-    });
+    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(
+        at::kBool, at::kHalf, at::kBFloat16, out.scalar_type(), "openreg_scatter_value", [&] {
+          const scalar_t v = value.to<scalar_t>(); // CPU's conversion and its overflow error
+          if (!self.is_same(out)) {
+            copy_elements(self, out);
+          }
+          AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_scatter_value", [&] {
+            scatter_elements<index_t, scalar_t>(
+                out, d, index, index.strides(), [&](scalar_t* at, int64_t) { *at = v; });
+          });
+        });
     return;
   }
   run_cpu_out_kernel("aten::scatter.value_out", {{&self, "self"}, {&index, "index"}}, out,
