@@ -434,3 +434,12 @@ def test_gather_and_scatter_gradients_match_cpu():
         (torch.gather(a, 1, index.to(dev)).pow(2).sum() + torch.scatter(a, 1, index.to(dev), s).pow(3).sum()).backward()
         grads.append((a.grad.cpu(), s.grad.cpu()))
     assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_gather_and_scatter_resolve_conjugate_and_negative_views():
+    x = torch.randn(4, 5, dtype=torch.complex64)
+    index = torch.tensor([[0, 1, 1], [4, 4, 0], [2, 3, 2], [0, 0, 0]])
+    src = torch.randn(4, 3, dtype=torch.complex64)
+    same_as_cpu(lambda a, i: torch.gather(a.conj(), 1, i), x, index)
+    same_as_cpu(lambda a, i, s: torch.scatter(a.conj(), 1, i, s.conj()), x, index, src)
+    same_as_cpu(lambda a, i, s: torch.scatter(torch._neg_view(a), 1, i, torch._neg_view(s)), x.real, index, src.real)
