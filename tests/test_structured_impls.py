@@ -4,6 +4,8 @@ torch's meta() checks and sizes; openreg's impl works on kernel addresses, and
 hands what it cannot do to CPU's kernel. Both routes must give CPU's results bit
 for bit."""
 
+import warnings
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -443,3 +445,23 @@ def test_gather_and_scatter_resolve_conjugate_and_negative_views():
     same_as_cpu(lambda a, i: torch.gather(a.conj(), 1, i), x, index)
     same_as_cpu(lambda a, i, s: torch.scatter(a.conj(), 1, i, s.conj()), x, index, src)
     same_as_cpu(lambda a, i, s: torch.scatter(torch._neg_view(a), 1, i, torch._neg_view(s)), x.real, index, src.real)
+
+
+def test_gather_and_scatter_out_of_another_dtype_or_shape():
+    x, index = torch.randn(4, 5), torch.tensor([[0, 1, 1], [4, 4, 0]])
+    raises_like_cpu(lambda t, i, o: torch.gather(t, 1, i, out=o), x, index, torch.empty(2, 3, dtype=torch.float64))
+    raises_like_cpu(lambda t, i, o: torch.scatter(t, 1, i, 2.0, out=o), x, index, torch.empty(4, 5, dtype=torch.int64))
+    # An out= of another shape is resized, as on CPU, with CPU's warning for a non-empty one.
+    def run(op, dev, out):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            op(on(x) if dev == DEV else x, out)
+        return out.cpu(), [str(w.message).split(".")[0] for w in caught]
+
+    for op in (lambda t, o: torch.gather(t, 1, index.to(t.device), out=o),
+               lambda t, o: torch.scatter(t, 0, index.clamp(max=3).to(t.device), 2.0, out=o)):
+        for size in (0, 7):
+            expected, cpu_warnings = run(op, "cpu", torch.empty(size))
+            actual, warnings_ = run(op, DEV, torch.empty(size, device=DEV))
+            assert actual.shape == expected.shape and torch.equal(actual, expected)
+            assert warnings_ == cpu_warnings and len(cpu_warnings) == (size > 0)
