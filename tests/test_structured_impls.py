@@ -363,6 +363,12 @@ def test_scatter_value_converts_like_cpu():
     x = torch.zeros(3, 4, dtype=torch.int8)
     index = torch.tensor([[0, 1], [2, 3]])
     raises_like_cpu(lambda t, i: t.scatter(1, i, 300), x, index)
+    # out= holds self's values when the conversion fails, as CPU copies them first.
+    outs = {"cpu": torch.full((3, 4), 9, dtype=torch.int8), DEV: torch.full((3, 4), 9, dtype=torch.int8, device=DEV)}
+    for dev, out in outs.items():
+        with pytest.raises(RuntimeError, match="out of range|overflow"):
+            torch.scatter((x + 1).to(dev), 1, index.to(dev), 300, out=out)
+    assert torch.equal(outs[DEV].cpu(), outs["cpu"])
     same_as_cpu(lambda t, i: t.scatter(1, i, 2.7), x, index)
     same_as_cpu(lambda t, i: t.bool().scatter(1, i, 2.7), x, index)
 

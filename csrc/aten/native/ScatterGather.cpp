@@ -109,7 +109,7 @@ template <typename index_t>
 bool in_bounds(const at::Tensor& index, int64_t size) {
   const auto* data = static_cast<const index_t*>(orKernelAddress(index.const_data_ptr()));
   bool ok = true;
-  for_each_position(index, index.strides(), index.strides(), 0, [&](int64_t i, int64_t, int64_t) {
+  for_each_position(index, index.strides(), index.strides(), -1, [&](int64_t i, int64_t, int64_t) {
     ok = ok && data[i] >= 0 && data[i] < size;
   });
   return ok;
@@ -189,10 +189,21 @@ void copy_elements(const at::Tensor& self, const at::Tensor& out) {
   });
 }
 
-// Whether scatter may copy self into out itself: the same tensor (nothing to
-// copy) or no shared memory.
-bool copies_self(const at::Tensor& self, const at::Tensor& out) {
-  return self.is_same(out) || at::get_overlap_status(self, out) == at::MemOverlapStatus::No;
+// Whether a scatter moves its elements here; if so, `out` holds `self`'s
+// values afterwards, as CPU's impl copies them before its kernel runs. Not
+// when out= shares memory with self without being it (CPU's copy_ decides).
+bool scatter_moves_here(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
+                        const at::Tensor& out) {
+  const bool same = self.is_same(out);
+  if (!moves_here(out, self, index, src) ||
+      (!same && at::get_overlap_status(self, out) != at::MemOverlapStatus::No) ||
+      !indices_in_bounds(index, out.size(dim))) {
+    return false;
+  }
+  if (!same) {
+    copy_elements(self, out);
+  }
+  return true;
 }
 
 } // namespace
@@ -216,10 +227,7 @@ void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bo
 void scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                      const at::Tensor& out) {
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  if (moves_here(out, self, index, &src) && copies_self(self, out) && indices_in_bounds(index, out.size(d))) {
-    if (!self.is_same(out)) {
-      copy_elements(self, out);
-    }
+  if (scatter_moves_here(self, d, index, &src, out)) {
     with_element_type(out.element_size(), [&](auto element) {
       using T = decltype(element);
       const auto* values = static_cast<const T*>(orKernelAddress(src.const_data_ptr()));
@@ -238,13 +246,10 @@ void scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& inde
 void scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value,
                        const at::Tensor& out) {
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  if (moves_here(out, self, index, nullptr) && copies_self(self, out) && indices_in_bounds(index, out.size(d))) {
+  if (scatter_moves_here(self, d, index, nullptr, out)) {
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(
         at::kBool, at::kHalf, at::kBFloat16, out.scalar_type(), "openreg_scatter_value", [&] {
           const scalar_t v = value.to<scalar_t>(); // CPU's conversion and its overflow error
-          if (!self.is_same(out)) {
-            copy_elements(self, out);
-          }
           AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_scatter_value", [&] {
             scatter_elements<index_t, scalar_t>(
                 out, d, index, index.strides(), [&](scalar_t* at, int64_t) { *at = v; });
