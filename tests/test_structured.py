@@ -38,6 +38,13 @@ UNARY = {
 REDUCTIONS = {
     "prod.int_out": lambda a: torch.prod(a, dim=1),
     "max.dim_max": lambda a: torch.max(a, dim=1),
+    "sum.IntList_out": lambda a: torch.sum(a, dim=1),
+    "amax.out": lambda a: torch.amax(a, dim=0),
+    "amin.out": lambda a: torch.amin(a, dim=0),
+    "any.dims_out": lambda a: torch.any(a > 0, dim=1),
+    "all.dims_out": lambda a: torch.all(a > 0, dim=(0, 1)),
+    "argmax.out": lambda a: torch.argmax(a, dim=0),
+    "argmin.out": lambda a: torch.argmin(a, dim=0),
     "eq.Scalar_out": lambda a: torch.eq(a, 1.0),
 }
 # Backward groups, reached through autograd of these forward functions.
@@ -178,6 +185,57 @@ def test_max_dim_precomputed_dim_wraps_and_keepdim():
 def test_max_of_empty_dim_raises_like_cpu():
     with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
         torch.max(torch.randn(4, 0, device=DEV), dim=1)
+
+
+# Reductions whose stub kernel gives CPU's kernel host aliases of the
+# iterator's output (always) and inputs (from GRAIN_SIZE elements, where CPU's
+# parallel paths build iterators of their own from the tensors).
+FULL_REDUCTIONS = {
+    "sum": torch.sum,
+    "amax": torch.amax,
+    "amin": torch.amin,
+    "any": torch.any,
+    "all": torch.all,
+    "argmax": torch.argmax,
+    "argmin": torch.argmin,
+    "prod": lambda a, *dim: torch.prod(a, *dim) if dim else torch.prod(a, 0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool])
+@pytest.mark.parametrize("name", sorted(FULL_REDUCTIONS))
+def test_reductions_below_and_above_cpus_parallel_threshold_match_cpu(name, dtype):
+    fn = FULL_REDUCTIONS[name]
+    for shape in [(16,), (4, 4), (300, 200), (200, 300)]:  # 60000 >= GRAIN_SIZE (32768)
+        a = (torch.randn(shape) * 8).to(dtype)
+        for t in [a, a.t()]:
+            for dims in [(), (0,), (-1,)]:
+                try:
+                    expected = fn(t, *dims)
+                except RuntimeError as cpu_error:  # argmax of bool: not implemented on CPU
+                    with pytest.raises(RuntimeError) as device_error:
+                        fn(t.to(DEV), *dims)
+                    assert str(device_error.value) == str(cpu_error)
+                    continue
+                got = fn(t.to(DEV), *dims)
+                if dtype == torch.float32 and name == "sum":
+                    assert got.device.type == DEV
+                    assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-3)  # summation order
+                else:
+                    assert_same(got, expected)
+
+
+def test_a_reduction_leaves_its_operands_on_the_device():
+    # The stub kernel exchanges the iterator's operands for host aliases while
+    # CPU's kernel runs, and gives them back afterwards.
+    a = torch.randn(300, 200, device=DEV)
+    out = torch.empty(200, device=DEV)
+    torch.sum(a, 0, out=out)
+    assert out.device.type == DEV and a.device.type == DEV
+    assert_close(out.cpu(), a.cpu().sum(0), rtol=1e-5, atol=1e-4)
+    a.add_(1)  # both still usable as device tensors
+    out.zero_()
+    assert_close(torch.sum(a, 0, out=out).cpu(), a.cpu().sum(0), rtol=1e-5, atol=1e-4)
 
 
 def test_sum_with_dtype_and_integer_input():

@@ -41,38 +41,74 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
   return flat.as_strided(t.sizes(), t.strides());
 }
 
-} // namespace
-
-void use_kernel_addresses(at::TensorIteratorBase& iter) {
-  // Already done (a structured wrapper's prepare_structured_impl, then the
-  // stub kernel impl() reached): nothing left to translate or join.
-  bool any_device_address = false;
-  for (int64_t arg = 0; arg < iter.ntensors() && !any_device_address; ++arg) {
-    any_device_address = orIsDeviceAddress(IteratorAccess::operand(iter, arg).data);
-  }
-  if (!any_device_address) {
-    return;
-  }
-  // CPU reductions build new iterators from the operands' tensors (the
-  // two-pass and per-thread paths of TensorIteratorReduce.cpp), which would
-  // read device addresses again: give them host aliases as tensors.
+// Points every operand at kernel addresses and gives reduction operands on
+// openreg to `exchange(op, arg)`, which gives the CPU kernel host aliases as
+// their tensors:
+// - outputs always: reduction kernels call tensor methods on them
+//   (`iter.output_base().fill_(0)`), which would dispatch to openreg again;
+// - inputs when the iterator is large enough for CPU's parallel paths
+//   (TensorIteratorReduce.cpp: two-pass and per-thread reductions, from
+//   GRAIN_SIZE elements), which build new iterators from the tensors and
+//   would read device addresses. Below that, kernels read inputs through the
+//   iterator's data pointers only.
+// Translating twice (a structured wrapper's prepare_structured_impl, then the
+// stub kernel impl() reached) changes nothing.
+template <class Exchange>
+void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
   const bool reduction = IteratorAccess::is_reduction(iter);
+  const bool large = reduction && iter.numel() >= at::internal::GRAIN_SIZE;
+  bool on_device = false;
   for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(iter, arg);
-    op.data = orKernelAddress(op.data);
-    if (reduction && op.tensor_base().defined() && op.tensor_base().device().is_privateuseone() &&
-        op.tensor_base().scalar_type() == op.current_dtype) {
-      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(host_alias(at::Tensor(op.tensor_base()))));
+    if (orIsDeviceAddress(op.data)) {
+      op.data = orKernelAddress(op.data);
+      on_device = true;
+    }
+    if (reduction && (op.is_output || large) && op.tensor_base().defined() &&
+        op.tensor_base().device().is_privateuseone() && op.tensor_base().scalar_type() == op.current_dtype) {
+      exchange(op, arg);
+      on_device = true;
     }
   }
-  if (iter.ntensors() > 0 && iter.device().is_privateuseone()) {
+  if (on_device && iter.ntensors() > 0 && iter.device().is_privateuseone()) {
     join_current_stream(iter.device().index());
   }
 }
 
-AsCpuIterator::AsCpuIterator(at::TensorIteratorBase& iter) {
+} // namespace
+
+void use_kernel_addresses(at::TensorIteratorBase& iter) {
+  translate(iter, [](at::OperandInfo& op, int64_t /*arg*/) {
+    op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(host_alias(at::Tensor(op.tensor_base()))));
+  });
+}
+
+AsCpuIterator::AsCpuIterator(at::TensorIteratorBase& iter) : iter_(iter) {
   promote(iter);
-  use_kernel_addresses(iter);
+  translate(iter, [&](at::OperandInfo& op, int64_t arg) {
+    if (pool_ == nullptr) {
+      pool_ = &host_alias_pool();
+    }
+    c10::StorageImpl* device_storage = op.tensor_base().storage().unsafeGetStorageImpl();
+    op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(operand_alias(op.tensor_base(), *pool_)));
+    exchanged_.push_back(Exchanged{arg, device_storage});
+  });
+}
+
+AsCpuIterator::~AsCpuIterator() {
+  restore_operands();
+}
+
+// The iterator gets its device tensors back (a later stub on the same
+// iterator exchanges them again), and the aliases end.
+void AsCpuIterator::restore_operands() {
+  for (auto it = exchanged_.rbegin(); it != exchanged_.rend(); ++it) {
+    at::OperandInfo& op = IteratorAccess::operand(iter_, it->arg);
+    at::Tensor alias(op.tensor_base());
+    op.restore_original_tensor();
+    end_operand_alias(std::move(alias), it->device_storage, *pool_);
+  }
+  exchanged_.clear();
 }
 
 void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
@@ -86,7 +122,10 @@ void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
     if (dtype == *common || !op.tensor_base().defined()) {
       continue;
     }
-    if (op.is_output && dtype == at::ScalarType::Bool) {
+    // Reductions never cast to their outputs (TensorIterator::reduce_op
+    // promotes inputs only): argmax writes int64 indices into an int64
+    // output whatever the input's dtype.
+    if (op.is_output && (dtype == at::ScalarType::Bool || IteratorAccess::is_reduction(iter))) {
       continue;
     }
     at::Tensor promoted =
@@ -119,6 +158,7 @@ void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
 }
 
 void AsCpuIterator::write_back() {
+  restore_operands();
   for (auto& [output, promoted] : outputs_) {
     output.copy_(promoted);
   }

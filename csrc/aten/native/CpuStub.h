@@ -18,6 +18,9 @@
 
 #include <ATen/TensorIterator.h>
 #include <ATen/native/DispatchStub.h>
+#include <c10/util/SmallVector.h>
+
+#include "aten/OpenRegHostAlias.h"
 
 namespace openreg::native {
 
@@ -26,13 +29,32 @@ namespace openreg::native {
 // the CPU comparison kernels write themselves) compute into a temporary that
 // write_back() copies into the caller's tensor. Iterators without a common
 // dtype keep their dtypes. Every operand then points at kernel addresses.
+//
+// A reduction's CPU kernel calls tensor methods on the iterator's operands
+// (`iter.output_base().fill_(0)`) and builds iterators of its own over them
+// (the two-pass and per-thread paths of TensorIteratorReduce.cpp), so those
+// operands are exchanged for host aliases for the length of the kernel:
+// recycled ones (operand_alias), given back to the iterator and ended by
+// write_back() or, if the kernel threw, the destructor.
 class AsCpuIterator {
  public:
   explicit AsCpuIterator(at::TensorIteratorBase& iter);
+  AsCpuIterator(const AsCpuIterator&) = delete;
+  AsCpuIterator& operator=(const AsCpuIterator&) = delete;
+  ~AsCpuIterator();
   void write_back();
 
  private:
   void promote(at::TensorIteratorBase& iter);
+  void restore_operands();
+
+  struct Exchanged {
+    int64_t arg;
+    c10::StorageImpl* device_storage;
+  };
+  at::TensorIteratorBase& iter_;
+  HostAliasPool* pool_ = nullptr;
+  c10::SmallVector<Exchanged, 2> exchanged_;
 
   // (caller's output, temporary in the common dtype). The output operand is
   // not exchanged: TensorIteratorBase::cast_outputs, which CPU's Loops.h calls,

@@ -17,8 +17,10 @@ void max_kernel(
     int64_t dim,
     bool keepdim) {
   join_current_stream(self.device().index());
-  at::native::max_stub(
-      c10::DeviceType::CPU, host_alias(values), host_alias(indices), host_alias(self), dim, keepdim);
+  ScopedHostAlias host_values(values);
+  ScopedHostAlias host_indices(indices);
+  ScopedHostAlias host_self(self);
+  at::native::max_stub(c10::DeviceType::CPU, host_values.get(), host_indices.get(), host_self.get(), dim, keepdim);
 }
 
 } // namespace openreg::native
