@@ -60,8 +60,10 @@ void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
   bool on_device = false;
   for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(iter, arg);
-    if (orIsDeviceAddress(op.data)) {
-      op.data = orKernelAddress(op.data);
+    // orKernelAddress gives host addresses back unchanged.
+    void* kernel_address = orKernelAddress(op.data);
+    if (kernel_address != op.data) {
+      op.data = kernel_address;
       on_device = true;
     }
     if (reduction && (op.is_output || large) && op.tensor_base().defined() &&
