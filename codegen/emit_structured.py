@@ -189,6 +189,15 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
     context: list[Binding | Expr] = list(sig.arguments())
     body = [trace_scope(f"aten::{f.func.name}", "Structured", entry.serving(namespace))]
     name = class_name(entry, kind)
+    if entry.host_impl:
+        # Host aliases are made of openreg tensors only: every tensor must be
+        # on one device first (meta() and impl() do not check that).
+        body.append("std::optional<c10::Device> common_device;")
+        body += [
+            f'c10::impl::check_and_update_common_device(common_device, {a.name}, "{f.func.name}", "{a.name}");'
+            for a in f.func.arguments.flat_all
+            if a.type.is_tensor_like()
+        ]
     if kind is SchemaKind.functional:
         body.append(f"{name} op;")
     elif kind is SchemaKind.inplace:
@@ -214,12 +223,20 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
         assert out_arg.nctype.type == ConstRefCType(BaseCType(tensorT))
         expr = f"op.maybe_get_output({i})" if kind is SchemaKind.out else f"op.outputs_[{i}]"
         context.append(Expr(expr=expr, type=NamedCType(out_arg.nctype.name, MutRefCType(BaseCType(tensorT)))))
-    impl_exprs = ", ".join(e.expr for e in translate(context, structured.impl_arguments(g), method=False))
-    if entry.impl is not None:
-        body.append(f"::{namespace}::{entry.impl}({impl_exprs});")
+    impl_args = structured.impl_arguments(g)
+    impl_exprs = [e.expr for e in translate(context, impl_args, method=False)]
+    if entry.host_impl:
+        # CPU's impl() on host aliases of the tensors (HostImplOperands, CpuStub.h).
+        tensors = [i for i, a in enumerate(impl_args) if a.nctype.type == ConstRefCType(BaseCType(tensorT))]
+        body.append(f"::{namespace}::HostImplOperands<{len(tensors)}> host({impl_exprs[tensors[-1]]});")
+        for i in tensors:
+            impl_exprs[i] = f"host({impl_exprs[i]})"
+        body.append(f"op.impl({', '.join(impl_exprs)});")
+    elif entry.impl is not None:
+        body.append(f"::{namespace}::{entry.impl}({', '.join(impl_exprs)});")
     else:
         body.append(f"::{namespace}::{STRUCTURED_PREPARE}(op);")
-        body.append(f"op.impl({impl_exprs});")
+        body.append(f"op.impl({', '.join(impl_exprs)});")
 
     returns = len(f.func.returns)
     if kind is not SchemaKind.functional:
@@ -271,6 +288,8 @@ def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) 
     if not blocks:
         return f"{banner}\n// No structured groups in this shard.\n"
     includes = "".join(f"#include <{h}>\n" for h in sorted(headers))
+    if any(entry.host_impl for entry in entries):
+        includes += "#include <ATen/core/op_registration/adaption.h>\n"  # check_and_update_common_device
     if any(entry.impl is not None for entry in entries):
         includes += f'\n#include "{NATIVE_HEADER}"\n'  # the openreg impl() functions
     body = "\n\n".join(blocks)

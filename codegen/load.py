@@ -34,6 +34,7 @@ from torchgen.model import (
     BaseType,
     DeviceCheckType,
     NativeFunction,
+    NativeFunctionsGroup,
     OptionalType,
     SchemaKind,
 )
@@ -50,7 +51,7 @@ CPU_KERNEL_KEYS = ("op",)
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg")
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
-STRUCTURED_KEYS = ("op", "impl")
+STRUCTURED_KEYS = ("op", "impl", "host_impl")
 STUB_KEYS = ("stub", "kernel", "cpu_kernel")
 _ITERATORS = ("TensorIteratorBase&", "TensorIterator&")
 CUSTOM_OP_KEYS = ("schema", "kernel", "meta", "backward")
@@ -243,6 +244,7 @@ class _Reader:
                     f"'{name}' has a mutable variant, which structured kernels do not support; bind it under 'kernels'",
                 )
             impl = self.get(entry, "impl", str, what, default=None)
+            host_impl = self.get(entry, "host_impl", bool, what, default=False)
             kernel = cpu_kernel(g)
             if impl is None and (kernel is None or not kernel.structured):
                 raise YamlError(
@@ -250,8 +252,30 @@ class _Reader:
                     f"'{name}' has no structured CPU kernel whose class openreg could reuse; give it an openreg "
                     "'impl' or bind it under 'kernels'",
                 )
-            out.append(StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE]), impl=impl))
+            if host_impl and impl is not None:
+                raise YamlError(
+                    self.key_loc(entry, "host_impl"),
+                    f"'{name}' names an openreg 'impl', which takes device tensors; 'host_impl' runs CPU's impl() "
+                    "on host aliases instead: give one of the two",
+                )
+            if host_impl:
+                self.check_host_impl_arguments(entry, g)
+            out.append(
+                StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE]), impl=impl, host_impl=host_impl)
+            )
         return tuple(out)
+
+    def check_host_impl_arguments(self, entry: dict[str, Any], g: NativeFunctionsGroup) -> None:
+        """A host_impl wrapper gives impl() a host alias for each Tensor
+        argument; optional tensors and tensor lists have no alias to give."""
+        for f in g.functions():
+            for a in f.func.arguments.flat_all:
+                if a.type.is_tensor_like() and a.type != BaseType(BaseTy.Tensor):
+                    raise YamlError(
+                        self.key_loc(entry, "host_impl"),
+                        f"'host_impl' gives impl() host aliases of Tensor arguments only, but {f.func.name} takes "
+                        f"'{a.name}' of type {a.type}: give the group an openreg 'impl' or bind it under 'cpu_kernels'",
+                    )
 
     def cpu_kernels(self, top: dict[str, Any], policy: FallbackPolicy) -> tuple[CpuKernelEntry, ...]:
         out = []

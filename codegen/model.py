@@ -137,12 +137,15 @@ class StructuredEntry:
     output, and impl() computes it. impl() is either torch's own structured CPU
     class (whose DispatchStubs reach openreg kernels) or, with `impl`, an openreg
     function taking the impl() arguments, for an operator whose CPU impl reads
-    memory itself instead of through a stub (as CUDA has its own impl)."""
+    memory itself instead of through a stub (as CUDA has its own impl). With
+    `host_impl`, torch's CPU impl() runs on host aliases of the tensors, for an
+    impl that calls its CPU kernel with kCPU or a stub taking tensors."""
 
     group: NativeFunctionsGroup
     cpu_kernel: BackendMetadata | None  # names the exported class {cpp_namespace}::structured_{kernel}
     loc: Location
     impl: str | None = None  # function in BackendConfig.cpp_namespace
+    host_impl: bool = False  # CPU's impl() runs on host aliases of the tensor arguments
 
     @property
     def name(self) -> OperatorName:
@@ -165,7 +168,9 @@ class StructuredEntry:
 
     def serving(self, namespace: str) -> str:
         """The function that computes the result, for traces and bindings()."""
-        return f"{namespace}::{self.impl}" if self.impl is not None else self.parent_class
+        if self.impl is not None:
+            return f"{namespace}::{self.impl}"
+        return f"{self.parent_class} on host aliases" if self.host_impl else self.parent_class
 
     def functions(self) -> tuple[NativeFunction, ...]:
         """The out=, functional and in-place operators, each given a wrapper."""

@@ -18,6 +18,7 @@ a = torch.ones(4, device="openreg")
 b = a + a
 c = torch.nan_to_num(b)
 e = torch.cumsum(a, 0)
+f = torch.flip(a, [0])
 d = torch.ops.openreg.add_relu(a, b)
 try:
     a.pin_memory()
@@ -51,7 +52,8 @@ def test_each_route_prints_a_line_in_torchs_format():
     assert ("aten::empty.memory_format", "kernel openreg::native::empty_memory_format") in routes
     assert ("aten::add.Tensor", "structured kernel at::native::structured_ufunc_add_CPU") in routes
     assert ("aten::nan_to_num.out", "CPU fallback") in routes
-    assert ("aten::cumsum", "CPU kernel on device memory at::cpu::cumsum") in routes
+    assert ("aten::cumsum", "structured kernel at::native::structured_cumsum_out on host aliases") in routes
+    assert ("aten::flip", "CPU kernel on device memory at::cpu::flip") in routes
     assert ("openreg::add_relu", "custom op openreg::native::add_relu") in routes
     assert ("aten::_pin_memory", "blocked") in routes
     # Every PrivateUse1 line the script printed is in the expected format.

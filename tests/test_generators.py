@@ -253,6 +253,39 @@ def test_openreg_draws_the_cpu_stream_of_the_same_seed(op):
     assert torch.equal(draw(op, generator=seeded(8)), RANDOM_OPS[op]("cpu", torch.Generator().manual_seed(8)))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float16])
+def test_randperm_out_resizes_and_draws_cpus_permutation(dtype):
+    # randperm's kernel sizes `out` on the device, then runs CPU's randperm on a
+    # host alias of it.
+    for n, out_shape in [(10, (0,)), (10, (10,)), (1000, (3, 4)), (0, (5,))]:
+        torch.manual_seed(7)
+        expected = torch.randperm(n, dtype=dtype, out=torch.empty(out_shape, dtype=dtype))
+        out = torch.empty(out_shape, dtype=dtype, device="openreg")
+        torch.manual_seed(7)
+        assert torch.randperm(n, dtype=dtype, out=out) is out
+        assert out.device.type == "openreg"
+        assert torch.equal(out.cpu(), expected)
+
+
+def test_randperm_bad_arguments_raise_cpus_errors():
+    calls = [
+        lambda d: torch.randperm(-1, device=d),
+        lambda d: torch.randperm(-1, out=torch.empty(0, dtype=torch.int64, device=d)),
+        lambda d: torch.randperm(3000, dtype=torch.float16, device=d),
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError) as cpu_error:
+            call("cpu")
+        with pytest.raises(RuntimeError) as device_error:
+            call("openreg")
+        assert str(device_error.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError, match="device type for generator"):
+        torch.randperm(4, device="openreg", generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="openreg generator but runs on the CPU"):
+        torch.randperm(4, out=torch.empty(4, dtype=torch.int64), generator=seeded(1))
+    assert torch.randperm(4, device="openreg").sort().values.tolist() == [0, 1, 2, 3]  # still usable
+
+
 def test_consecutive_draws_continue_the_stream():
     torch.openreg.manual_seed(4)
     first, second = draw(), draw()

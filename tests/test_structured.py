@@ -3,6 +3,7 @@ each compared with CPU: functional, in-place and out= variants, broadcasting,
 non-contiguous operands, type promotion, zero-size inputs, and out= tensors of
 the wrong shape, dtype or layout."""
 
+import gc
 import os
 import warnings
 
@@ -430,3 +431,221 @@ def test_abs_kernel_matches_cpu(dtype):
     out = torch.empty(0, dtype=torch.abs(x).dtype, device=DEV)
     assert torch.abs(x.to(DEV), out=out) is out
     assert_same(out, torch.abs(x))
+
+
+def test_zero_of_a_tensor_on_another_device_than_the_current_one():
+    # zero_'s wrapper sets no device: the memset and fill_ name the tensor's.
+    with torch.openreg.device(0):
+        for n in (16, 40000):
+            t = torch.arange(float(n), device="openreg:1")
+            assert t.zero_() is t
+            assert t.device == torch.device("openreg:1")
+            assert_same(t, torch.zeros(n))
+            assert torch.openreg.current_device() == 0
+
+
+# Structured groups declared `host_impl: true`: CPU's impl() runs on host
+# aliases of the device tensors. out= operator -> its positional arguments,
+# built with `t(*shape)` (random tensors of the dtype under test, contiguous
+# or not; t.dtype is that dtype); a last dict holds keyword arguments.
+def _softmax_grad(t, log):
+    x = t(4, 6).double()  # softmax's output, in the dtype under test
+    output = (x.log_softmax(0) if log else x.softmax(-1)).to(t.dtype)
+    return (t(4, 6), output, 0 if log else -1, t.dtype)
+
+
+def _pool_grad(t):
+    x = t(2, 3, 6, 8)
+    return (t(2, 3, 3, 4), x, [2, 2], [2, 2], [0, 0], False, True, None)
+
+
+def _max_pool_grad(t):
+    x = t(2, 3, 6, 8)
+    _, indices = torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2])
+    return (t(2, 3, 3, 4), x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices)
+
+
+HOST_IMPL = {
+    "_softmax.out": lambda t: (t(4, 6), -1, False),
+    "_log_softmax.out": lambda t: (t(4, 6), 0, False),
+    "_softmax_backward_data.out": lambda t: _softmax_grad(t, log=False),
+    "_log_softmax_backward_data.out": lambda t: _softmax_grad(t, log=True),
+    "cumsum.out": lambda t: (t(4, 6), 1),
+    "cumprod.out": lambda t: (t(4, 6), 0),
+    "norm.out": lambda t: (t(4, 6), 3, [1], False),
+    "norm.dtype_out": lambda t: (t(4, 6), 2, [0], True, {"dtype": torch.float64}),
+    "linalg_vector_norm.out": lambda t: (t(4, 6), 2.5, [1]),
+    "avg_pool2d.out": lambda t: (t(2, 3, 6, 8), [3, 2], [2, 2], [1, 0]),
+    "avg_pool2d_backward.grad_input": _pool_grad,
+    "max_pool2d_with_indices.out": lambda t: (t(2, 3, 6, 8), [3, 2], [2, 2], [1, 0]),
+    "max_pool2d_with_indices_backward.grad_input": _max_pool_grad,
+}
+HOST_IMPL_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.host_impl}
+
+
+class Maker:
+    """t(*shape): a random tensor of `dtype`, made non-contiguous (the
+    transpose of a contiguous one) when `contiguous` is false."""
+
+    def __init__(self, dtype, contiguous, seed=0):
+        self.dtype, self.contiguous = dtype, contiguous
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, *shape):
+        if self.contiguous or len(shape) < 2:
+            return torch.randn(shape, generator=self.generator).to(self.dtype)
+        flipped = (*shape[:-2], shape[-1], shape[-2])
+        return torch.randn(flipped, generator=self.generator).to(self.dtype).transpose(-1, -2)
+
+
+def aten(op_name):
+    root, _, overload = op_name.partition(".")
+    return getattr(getattr(torch.ops.aten, root), overload or "default")
+
+
+def host_impl_call(name, dtype, contiguous):
+    """(functional overload, out= overload, CPU arguments, keyword arguments)."""
+    g = HOST_IMPL_ENTRIES[name].group
+    args = HOST_IMPL[name](Maker(dtype, contiguous))
+    kwargs = args[-1] if isinstance(args[-1], dict) else {}
+    return aten(str(g.functional.func.name)), aten(name), args[: len(args) - bool(kwargs)], kwargs
+
+
+def to_dev(args):
+    return [a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def run_both(fn, args, **kwargs):
+    """fn on CPU and on openreg: (expected, actual), or (None, None) after
+    checking that both raised the same exception."""
+    dev_kwargs = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    try:
+        expected = fn(*args, **kwargs)
+    except Exception as cpu_error:  # what CPU raises, openreg must raise
+        with pytest.raises(type(cpu_error)) as device_error:
+            fn(*to_dev(args), **dev_kwargs)
+        assert str(device_error.value) == str(cpu_error)
+        return None, None
+    return expected, fn(*to_dev(args), **dev_kwargs)
+
+
+def test_every_host_impl_group_is_tested_here():
+    assert set(HOST_IMPL) == set(HOST_IMPL_ENTRIES)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "non_contiguous"])
+@pytest.mark.parametrize("name", sorted(HOST_IMPL))
+def test_host_impl_groups_match_cpu(name, contiguous, dtype):
+    functional, _, args, kwargs = host_impl_call(name, dtype, contiguous)
+    expected, actual = run_both(functional, args, **kwargs)
+    if expected is None:
+        return  # CPU raised (integer softmax, ...), and openreg raised the same
+    assert_same(actual, expected)
+
+
+@pytest.mark.parametrize("name", sorted(HOST_IMPL))
+def test_host_impl_out_variants_resize_check_dtype_and_return_out(name):
+    functional, out_op, args, kwargs = host_impl_call(name, torch.float32, contiguous=True)
+    expected = functional(*args, **kwargs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    names = [a.name for a in out_op._schema.arguments if a.is_out]
+    # Empty out= tensors are resized (no warning for 0 elements), then written.
+    outs = {n: torch.empty(0, dtype=e.dtype, device=DEV) for n, e in zip(names, expected)}
+    returned = out_op(*to_dev(args), **kwargs, **outs)
+    returned = returned if isinstance(returned, tuple) else (returned,)
+    for r, n, e in zip(returned, names, expected):
+        assert r is outs[n]
+        assert_same(r, e)
+    # An out= of another dtype: CPU's error, or CPU's result (cumsum casts).
+    for dtype in (torch.float64, torch.int32):
+        other = {n: torch.zeros(e.shape, dtype=dtype) for n, e in zip(names, expected)}
+        cpu_result, dev_result = run_both(out_op, args, **kwargs, **other)
+        if cpu_result is not None:
+            assert_same(dev_result, cpu_result)
+
+
+@pytest.mark.parametrize("name", sorted(HOST_IMPL))
+def test_host_impl_rejects_a_cpu_tensor_among_openreg_ones(name):
+    functional, out_op, args, kwargs = host_impl_call(name, torch.float32, contiguous=True)
+    expected = functional(*args, **kwargs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    names = [a.name for a in out_op._schema.arguments if a.is_out]
+    outs = {n: torch.zeros_like(e) for n, e in zip(names, expected)}  # on CPU
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        out_op(*to_dev(args), **kwargs, **outs)
+    before = [o.clone() for o in outs.values()]
+    for o, b in zip(outs.values(), before):
+        assert torch.equal(o, b)  # nothing written
+
+
+def test_host_impl_out_that_is_the_input_matches_cpu():
+    # Operands on one device storage share one host storage, so CPU's impl
+    # sees the same tensors overlap as a CPU call.
+    for name, op, args in [
+        ("_softmax.out", torch.ops.aten._softmax.out, (-1, False)),
+        ("cumsum.out", torch.ops.aten.cumsum.out, (1,)),
+    ]:
+        a = torch.randn(4, 6)
+        d = a.to(DEV)
+        expected = op(a, *args, out=a)
+        assert op(d, *args, out=d) is d, name
+        assert_same(d, expected)
+
+
+@pytest.mark.parametrize("method", ["cumsum_", "cumprod_"])
+def test_host_impl_in_place(method):
+    a = torch.randn(4, 6)
+    d = a.to(DEV)
+    ptr = d.data_ptr()
+    assert getattr(d, method)(1) is d and d.data_ptr() == ptr
+    assert_same(d, getattr(a, method)(1))
+    with pytest.raises(RuntimeError) as cpu_error:
+        getattr(torch.arange(6), method)(0, dtype=torch.float32)
+    with pytest.raises(RuntimeError) as device_error:
+        getattr(torch.arange(6, device=DEV), method)(0, dtype=torch.float32)
+    assert str(device_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.softmax(x, -1),
+        lambda x: torch.log_softmax(x, 0),
+        lambda x: torch.cumsum(x, 1),
+        lambda x: torch.cumprod(x, 0),
+        lambda x: torch.norm(x, 3, dim=1),
+        lambda x: torch.linalg.vector_norm(x, 2.5),
+        lambda x: torch.nn.functional.avg_pool2d(x.reshape(1, 2, 4, 3), 2, padding=1),
+        lambda x: torch.nn.functional.max_pool2d(x.reshape(1, 2, 4, 3), 2, padding=1),
+    ],
+    ids=["softmax", "log_softmax", "cumsum", "cumprod", "norm", "vector_norm", "avg_pool2d", "max_pool2d"],
+)
+def test_host_impl_autograd_matches_cpu(fn):
+    x = torch.randn(4, 6, dtype=torch.float64)
+    cx, dx = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    expected, actual = fn(cx), fn(dx)
+    assert_same(actual.detach(), expected.detach())
+    grad = torch.randn(expected.shape, dtype=torch.float64)
+    expected.backward(grad)
+    actual.backward(grad.to(DEV))
+    assert_same(dx.grad, cx.grad)
+
+
+def test_host_impl_leaves_no_memory_behind():
+    x = torch.randn(4, 6, device=DEV)
+
+    def calls():
+        y = torch.softmax(x, -1)
+        torch._softmax_backward_data(y, y, -1, y.dtype)
+        torch.cumsum(x, 0, out=torch.empty(0, device=DEV))
+
+    calls()
+    gc.collect()
+    before = torch.openreg.memory_allocated()
+    for _ in range(200):
+        calls()
+    gc.collect()
+    assert torch.openreg.memory_allocated() == before
+    x.add_(1)  # the operand is still a usable device tensor
+    assert_close(torch.softmax(x, -1).cpu(), torch.softmax(x.cpu(), -1))

@@ -63,6 +63,7 @@ def test_list_shows_each_binding(capsys):
     assert "structured (at::native::structured_neg_out, inplace)" in text
     assert "max.dim" in text and "structured (at::native::structured_max_out, functional)" in text
     assert "bmm.out" in text and "structured (demo::native::bmm_out, out)" in text
+    assert "structured (at::native::structured_softmax_cpu_out on host aliases, functional)" in text
     assert "stub at::native::fill_stub" in text and "stub -> demo::native::fill_kernel" in text
     assert "stub at::native::add_stub" in text and "stub -> torch's CPU kernel on device memory" in text
     assert "openreg::scale" in text and "custom -> demo::native::scale (meta scale_meta, backward openreg::scale_backward)" in text
@@ -116,6 +117,12 @@ ERROR_CASES = [
     ("cpp_namespace: n\nstructured:\n  - op: abs\n", 3, "No operator named abs is structured"),
     ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    kernel: k\n", 4, "unknown key 'kernel' in a structured entry"),
     ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    impl: 3\n", 4, "'impl' in a structured entry must be a string"),
+    ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    host_impl: yes please\n", 4,
+     "'host_impl' in a structured entry must be true or false"),
+    ("cpp_namespace: n\nstructured:\n  - op: bmm.out\n    impl: bmm_out\n    host_impl: true\n", 5,
+     "'bmm.out' names an openreg 'impl', which takes device tensors"),
+    ("cpp_namespace: n\nstructured:\n  - op: nll_loss_forward.output\n    host_impl: true\n", 4,
+     "takes 'weight' of type Tensor?"),
     ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
      "'neg' is already bound in kernels at line 3"),
     # cpu_kernels

@@ -13,6 +13,7 @@
 // It also orders the kernel after the work queued on the current stream.
 #pragma once
 
+#include <array>
 #include <type_traits>
 #include <utility>
 
@@ -21,6 +22,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegStream.h"
 
 namespace openreg::native {
 
@@ -78,6 +80,67 @@ void prepare_structured_impl(Op& op) {
     use_kernel_addresses(op);
   }
 }
+
+// The operands of a structured group declared `host_impl: true`: CPU's
+// impl() runs on host aliases of its tensor arguments, because it calls its
+// CPU kernel with kCPU (softmax_cpu_out) or a stub that takes tensors
+// (cumsum_stub), which prepare_structured_impl cannot reach. Anything the impl
+// computes with runs on CPU tensors, so the result is CPU's. Operands on one
+// device storage get aliases sharing one host storage, as HostCall's do, so
+// the impl sees the overlap a CPU call would. The generated wrapper checks
+// first that every tensor is on one openreg device; `N` is its number of
+// tensor arguments.
+template <size_t N>
+class HostImplOperands {
+ public:
+  explicit HostImplOperands(const at::TensorBase& any) : pool_(host_alias_pool()) {
+    join_current_stream(any.device().index());
+  }
+  HostImplOperands(const HostImplOperands&) = delete;
+  HostImplOperands& operator=(const HostImplOperands&) = delete;
+  ~HostImplOperands() {
+    // Aliases sharing a storage go first, so each storage's first alias is
+    // the only one left on it when it ends.
+    for (size_t i = count_; i-- > 0;) {
+      if (operands_[i].first_on_storage) {
+        end_operand_alias(std::move(operands_[i].alias), operands_[i].device_storage, pool_);
+      } else {
+        operands_[i].alias.reset();
+      }
+    }
+  }
+
+  // The alias of a device tensor; an undefined tensor as it is.
+  const at::Tensor& operator()(const at::Tensor& t) {
+    if (!t.defined()) {
+      return t;
+    }
+    TORCH_INTERNAL_ASSERT(count_ < N && t.device().is_privateuseone());
+    c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
+    Operand& operand = operands_[count_++];
+    operand.device_storage = device_storage;
+    for (size_t i = 0; i + 1 < count_; ++i) {
+      if (operands_[i].first_on_storage && operands_[i].device_storage == device_storage) {
+        operand.alias = host_alias(t, operands_[i].alias.storage());
+        operand.first_on_storage = false;
+        return operand.alias;
+      }
+    }
+    operand.alias = operand_alias(t, pool_);
+    operand.first_on_storage = true;
+    return operand.alias;
+  }
+
+ private:
+  struct Operand {
+    at::Tensor alias;
+    c10::StorageImpl* device_storage = nullptr;
+    bool first_on_storage = false;
+  };
+  HostAliasPool& pool_;
+  std::array<Operand, N> operands_;
+  size_t count_ = 0;
+};
 
 // Iter is TensorIteratorBase or TensorIterator, whichever the stub takes.
 template <typename Stub, typename Iter, typename... Args>

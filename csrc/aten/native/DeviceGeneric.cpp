@@ -16,6 +16,8 @@
 // - arange.start_out, linspace.out: resize the output and fill it through a
 //   nullary iterator and arange_stub / linspace_stub (a contiguous temporary
 //   when the output is not contiguous).
+// - prod: a reduction iterator over every dimension, prod_stub (the
+//   structured prod.int_out does the same over some).
 // - masked_fill_: torch names it masked_fill__cpu, but only its stub
 //   (masked_fill_stub) is CPU code. masked_fill is CompositeExplicitAutograd.
 //
@@ -32,7 +34,8 @@
 //   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
 //   contiguous floating-point elements, and bernoulli_ of a contiguous tensor
 //   where CPU's kernel is the template, fill them on kernel addresses instead
-//   (normal_fill, bernoulli_fill, Random.cpp). These kernels run the
+//   (normal_fill, bernoulli_fill, Random.cpp); randperm.generator_out runs
+//   CPU's randperm_out_cpu on a host alias of `out`. These kernels run the
 //   CPU kernels with the CPU generator of the openreg generator (or of the
 //   device's default one), as HostCall does for `cpu_kernels`, so the stream
 //   of numbers is CPU's for the same seed.
@@ -55,7 +58,9 @@
 #include <ATen/ops/logical_xor_native.h>
 #include <ATen/ops/masked_fill_native.h>
 #include <ATen/ops/normal_native.h>
+#include <ATen/ops/prod_native.h>
 #include <ATen/ops/random_native.h>
+#include <ATen/ops/randperm_native.h>
 #include <ATen/ops/relu_native.h>
 #include <ATen/ops/uniform_native.h>
 #include <ATen/ops/where_native.h>
@@ -115,6 +120,10 @@ at::Tensor& arange_start_out(const at::Scalar& start, const at::Scalar& end, con
 
 at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
   return at::native::linspace_out(start, end, steps, out);
+}
+
+at::Tensor prod(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
+  return at::native::prod(self, dtype);
 }
 
 at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
@@ -204,6 +213,20 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
   return on_host_alias(self, generator, "aten::normal_", [&](at::Tensor& host, const at::Generator& cpu) {
     at::native::normal_(host, mean, std, cpu);
   });
+}
+
+// randperm.generator_out: CPU's randperm_out_cpu (its checks, then the
+// shuffle) on a host alias of `out`, drawing from the openreg generator's CPU
+// state. `out` gets its size on the device first, so the alias is never
+// resized; a negative n reaches CPU's check before that.
+at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::Tensor& out) {
+  const at::Generator& cpu = prepare_draws(out, generator, "aten::randperm");
+  if (n >= 0 && (out.dim() != 1 || out.size(0) != n)) {
+    out.resize_({n});
+  }
+  ScopedHostAlias alias(out);
+  at::native::randperm_out_cpu(n, cpu, alias.get());
+  return out;
 }
 
 at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> generator) {

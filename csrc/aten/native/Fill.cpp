@@ -7,6 +7,7 @@
 #include <ATen/ops/fill_native.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -18,7 +19,9 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
 
 // zero_: as CPU's zero_, a memset of a small dense tensor, fill_(0) otherwise.
 // An empty tensor may have no memory at all (a null data pointer, which
-// memset must not get even for 0 bytes): nothing to do.
+// memset must not get even for 0 bytes): nothing to do. Its wrapper has no
+// device guard (`device_guard: false`): the memset names the tensor's device
+// itself, so only fill_ gets one.
 at::Tensor& zero_(at::Tensor& self) {
   if (self.numel() == 0) {
     return self;
@@ -28,6 +31,7 @@ at::Tensor& zero_(at::Tensor& self) {
     std::memset(orKernelAddress(self.data_ptr()), 0, self.nbytes());
     return self;
   }
+  const OptionalDeviceGuard guard(self.device());
   return at::native::fill_(self, 0);
 }
 

@@ -47,6 +47,8 @@ const std::vector<Binding>& bindings() {
       {"aten::max.dim_max", ::openreg::trace::Route::Structured, "at::native::structured_max_out"},
       {"aten::bmm", ::openreg::trace::Route::Structured, "demo::native::bmm_out"},
       {"aten::bmm.out", ::openreg::trace::Route::Structured, "demo::native::bmm_out"},
+      {"aten::_softmax", ::openreg::trace::Route::Structured, "at::native::structured_softmax_cpu_out on host aliases"},
+      {"aten::_softmax.out", ::openreg::trace::Route::Structured, "at::native::structured_softmax_cpu_out on host aliases"},
       {"aten::cat", ::openreg::trace::Route::CpuKernel, "at::cpu::cat"},
       {"aten::sort.values_stable", ::openreg::trace::Route::CpuKernel, "at::cpu::sort_outf"},
       {"aten::uniform_", ::openreg::trace::Route::CpuKernel, "at::cpu::uniform_"},

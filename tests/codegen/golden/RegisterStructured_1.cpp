@@ -6,7 +6,7 @@
 #include <ATen/native/Resize.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
-#include <ATen/ops/neg_native.h>
+#include <ATen/ops/max_native.h>
 
 #include "aten/native/CpuStub.h"
 #include "aten/OpenRegDevice.h"
@@ -64,7 +64,7 @@ std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArray
   return std::nullopt;
 }
 
-struct structured_neg_out_functional final : public at::native::structured_neg_out {
+struct structured_max_out_functional final : public at::native::structured_max_out {
   void set_output_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
       at::TensorOptions options) override {
@@ -78,7 +78,6 @@ struct structured_neg_out_functional final : public at::native::structured_neg_o
     outputs_[output_idx] = create_out(sizes, strides, options);
     // The parent's set_output comes last so that it sees the output through
     // maybe_get_output.
-    at::native::structured_neg_out::set_output_raw_strided(output_idx, sizes, strides, options);
   }
   void set_output_raw_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
@@ -93,27 +92,27 @@ struct structured_neg_out_functional final : public at::native::structured_neg_o
     outputs_[output_idx] = create_out(sizes, strides, options);
     // The parent's set_output comes last so that it sees the output through
     // maybe_get_output.
-    at::native::structured_neg_out::set_output_raw_strided(output_idx, sizes, strides, options);
   }
   const at::Tensor& maybe_get_output(int64_t output_idx) override {
     return outputs_[output_idx];
   }
-  std::array<at::Tensor, 1> outputs_;
+  std::array<at::Tensor, 2> outputs_;
   ::openreg::OptionalDeviceGuard guard_;
 };
 
-// neg(Tensor self) -> Tensor
-at::Tensor wrapper_PrivateUse1_neg(const at::Tensor & self) {
-  const ::openreg::trace::Scope trace_scope("aten::neg", ::openreg::trace::Route::Structured, "at::native::structured_neg_out");
-  structured_neg_out_functional op;
-  op.meta(self);
+// max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
+::std::tuple<at::Tensor,at::Tensor> wrapper_PrivateUse1_max_dim(const at::Tensor & self, int64_t dim, bool keepdim) {
+  const ::openreg::trace::Scope trace_scope("aten::max.dim", ::openreg::trace::Route::Structured, "at::native::structured_max_out");
+  structured_max_out_functional op;
+  auto precompute = op.meta(self, dim, keepdim);
+  (void)precompute;
   ::demo::native::prepare_structured_impl(op);
-  op.impl(self, op.outputs_[0]);
-  return std::move(op.outputs_[0]);
+  op.impl(self, precompute.dim, keepdim, op.outputs_[0], op.outputs_[1]);
+  return std::make_tuple(std::move(op.outputs_[0]), std::move(op.outputs_[1]));
 }
 
-struct structured_neg_out_out final : public at::native::structured_neg_out {
-  explicit structured_neg_out_out(at::Tensor& out0) : outputs_{std::ref(out0)} {}
+struct structured_max_out_out final : public at::native::structured_max_out {
+  structured_max_out_out(at::Tensor& out0, at::Tensor& out1) : outputs_{std::ref(out0), std::ref(out1)} {}
   void set_output_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
       at::TensorOptions options) override {
@@ -132,7 +131,6 @@ struct structured_neg_out_out final : public at::native::structured_neg_out {
     }
     // The parent's set_output comes last so that it sees the output through
     // maybe_get_output.
-    at::native::structured_neg_out::set_output_raw_strided(output_idx, sizes, strides, options);
   }
   void set_output_raw_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
@@ -148,94 +146,37 @@ struct structured_neg_out_out final : public at::native::structured_neg_out {
     resize_out(out, sizes, strides, options);
     // The parent's set_output comes last so that it sees the output through
     // maybe_get_output.
-    at::native::structured_neg_out::set_output_raw_strided(output_idx, sizes, strides, options);
   }
   const at::Tensor& maybe_get_output(int64_t output_idx) override {
     return proxy_outputs_[output_idx].has_value() ? *proxy_outputs_[output_idx] : outputs_[output_idx].get();
   }
-  std::array<std::reference_wrapper<at::Tensor>, 1> outputs_;
-  std::array<std::optional<at::Tensor>, 1> proxy_outputs_;
+  std::array<std::reference_wrapper<at::Tensor>, 2> outputs_;
+  std::array<std::optional<at::Tensor>, 2> proxy_outputs_;
   ::openreg::OptionalDeviceGuard guard_;
 };
 
-// neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
-at::Tensor & wrapper_PrivateUse1_neg_out_out(const at::Tensor & self, at::Tensor & out) {
-  const ::openreg::trace::Scope trace_scope("aten::neg.out", ::openreg::trace::Route::Structured, "at::native::structured_neg_out");
-  structured_neg_out_out op(out);
-  op.meta(self);
+// max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)
+::std::tuple<at::Tensor &,at::Tensor &> wrapper_PrivateUse1_max_out_dim_max(const at::Tensor & self, int64_t dim, bool keepdim, at::Tensor & max, at::Tensor & max_values) {
+  const ::openreg::trace::Scope trace_scope("aten::max.dim_max", ::openreg::trace::Route::Structured, "at::native::structured_max_out");
+  structured_max_out_out op(max, max_values);
+  auto precompute = op.meta(self, dim, keepdim);
+  (void)precompute;
   ::demo::native::prepare_structured_impl(op);
-  op.impl(self, op.maybe_get_output(0));
+  op.impl(self, precompute.dim, keepdim, op.maybe_get_output(0), op.maybe_get_output(1));
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
   }
-  return out;
-}
-
-struct structured_neg_out_inplace final : public at::native::structured_neg_out {
-  explicit structured_neg_out_inplace(at::Tensor& self) : outputs_{std::ref(self)} {}
-  void set_output_strided(
-      int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
-      at::TensorOptions options) override {
-    auto current_device = guard_.current_device();
-    if (C10_UNLIKELY(current_device.has_value())) {
-      TORCH_INTERNAL_ASSERT(*current_device == options.device(),
-        "structured kernels don't support multi-device outputs");
-    } else {
-      guard_.reset_device(options.device());
-    }
-    const auto& out = outputs_[output_idx].get();
-    check_inplace(out, sizes, options);
-    auto maybe_proxy = maybe_create_proxy(out, sizes, strides, options);
-    if (C10_UNLIKELY(maybe_proxy.has_value())) {
-      proxy_outputs_[output_idx] = std::move(maybe_proxy).value();
-    }
-    // The parent's set_output comes last so that it sees the output through
-    // maybe_get_output.
-    at::native::structured_neg_out::set_output_raw_strided(output_idx, sizes, strides, options);
+  if (op.proxy_outputs_[1].has_value()) {
+    op.outputs_[1].get().copy_(*op.proxy_outputs_[1]);
   }
-  void set_output_raw_strided(
-      int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
-      at::TensorOptions options) override {
-    auto current_device = guard_.current_device();
-    if (C10_UNLIKELY(current_device.has_value())) {
-      TORCH_INTERNAL_ASSERT(*current_device == options.device(),
-        "structured kernels don't support multi-device outputs");
-    } else {
-      guard_.reset_device(options.device());
-    }
-    const auto& out = outputs_[output_idx].get();
-    check_inplace(out, sizes, options);
-    // The parent's set_output comes last so that it sees the output through
-    // maybe_get_output.
-    at::native::structured_neg_out::set_output_raw_strided(output_idx, sizes, strides, options);
-  }
-  const at::Tensor& maybe_get_output(int64_t output_idx) override {
-    return proxy_outputs_[output_idx].has_value() ? *proxy_outputs_[output_idx] : outputs_[output_idx].get();
-  }
-  std::array<std::reference_wrapper<at::Tensor>, 1> outputs_;
-  std::array<std::optional<at::Tensor>, 1> proxy_outputs_;
-  ::openreg::OptionalDeviceGuard guard_;
-};
-
-// neg_(Tensor(a!) self) -> Tensor(a!)
-at::Tensor & wrapper_PrivateUse1_neg_(at::Tensor & self) {
-  const ::openreg::trace::Scope trace_scope("aten::neg_", ::openreg::trace::Route::Structured, "at::native::structured_neg_out");
-  structured_neg_out_inplace op(self);
-  op.meta(self);
-  ::demo::native::prepare_structured_impl(op);
-  op.impl(self, op.outputs_[0]);
-  if (op.proxy_outputs_[0].has_value()) {
-    op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
-  }
-  return self;
+  return std::forward_as_tuple(max, max_values);
 }
 
 } // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("neg", TORCH_FN(wrapper_PrivateUse1_neg));
-  m.impl("neg.out", TORCH_FN(wrapper_PrivateUse1_neg_out_out));
-  m.impl("neg_", TORCH_FN(wrapper_PrivateUse1_neg_));
+  m.impl("max.dim", TORCH_FN(wrapper_PrivateUse1_max_dim));
+  m.impl("max.dim_max", TORCH_FN(wrapper_PrivateUse1_max_out_dim_max));
 }
 
 } // namespace at

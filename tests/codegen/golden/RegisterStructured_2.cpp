@@ -6,7 +6,9 @@
 #include <ATen/native/Resize.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
-#include <ATen/ops/max_native.h>
+#include <ATen/ops/bmm_meta.h>
+
+#include "OpenRegNativeFunctions.h"
 
 #include "aten/native/CpuStub.h"
 #include "aten/OpenRegDevice.h"
@@ -64,7 +66,7 @@ std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArray
   return std::nullopt;
 }
 
-struct structured_max_out_functional final : public at::native::structured_max_out {
+struct structured_bmm_out_functional final : public at::meta::structured_bmm {
   void set_output_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
       at::TensorOptions options) override {
@@ -96,23 +98,21 @@ struct structured_max_out_functional final : public at::native::structured_max_o
   const at::Tensor& maybe_get_output(int64_t output_idx) override {
     return outputs_[output_idx];
   }
-  std::array<at::Tensor, 2> outputs_;
+  std::array<at::Tensor, 1> outputs_;
   ::openreg::OptionalDeviceGuard guard_;
 };
 
-// max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)
-::std::tuple<at::Tensor,at::Tensor> wrapper_PrivateUse1_max_dim(const at::Tensor & self, int64_t dim, bool keepdim) {
-  const ::openreg::trace::Scope trace_scope("aten::max.dim", ::openreg::trace::Route::Structured, "at::native::structured_max_out");
-  structured_max_out_functional op;
-  auto precompute = op.meta(self, dim, keepdim);
-  (void)precompute;
-  ::demo::native::prepare_structured_impl(op);
-  op.impl(self, precompute.dim, keepdim, op.outputs_[0], op.outputs_[1]);
-  return std::make_tuple(std::move(op.outputs_[0]), std::move(op.outputs_[1]));
+// bmm(Tensor self, Tensor mat2) -> Tensor
+at::Tensor wrapper_PrivateUse1_bmm(const at::Tensor & self, const at::Tensor & mat2) {
+  const ::openreg::trace::Scope trace_scope("aten::bmm", ::openreg::trace::Route::Structured, "demo::native::bmm_out");
+  structured_bmm_out_functional op;
+  op.meta(self, mat2);
+  ::demo::native::bmm_out(self, mat2, op.outputs_[0]);
+  return std::move(op.outputs_[0]);
 }
 
-struct structured_max_out_out final : public at::native::structured_max_out {
-  structured_max_out_out(at::Tensor& out0, at::Tensor& out1) : outputs_{std::ref(out0), std::ref(out1)} {}
+struct structured_bmm_out_out final : public at::meta::structured_bmm {
+  explicit structured_bmm_out_out(at::Tensor& out0) : outputs_{std::ref(out0)} {}
   void set_output_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
       at::TensorOptions options) override {
@@ -150,33 +150,28 @@ struct structured_max_out_out final : public at::native::structured_max_out {
   const at::Tensor& maybe_get_output(int64_t output_idx) override {
     return proxy_outputs_[output_idx].has_value() ? *proxy_outputs_[output_idx] : outputs_[output_idx].get();
   }
-  std::array<std::reference_wrapper<at::Tensor>, 2> outputs_;
-  std::array<std::optional<at::Tensor>, 2> proxy_outputs_;
+  std::array<std::reference_wrapper<at::Tensor>, 1> outputs_;
+  std::array<std::optional<at::Tensor>, 1> proxy_outputs_;
   ::openreg::OptionalDeviceGuard guard_;
 };
 
-// max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)
-::std::tuple<at::Tensor &,at::Tensor &> wrapper_PrivateUse1_max_out_dim_max(const at::Tensor & self, int64_t dim, bool keepdim, at::Tensor & max, at::Tensor & max_values) {
-  const ::openreg::trace::Scope trace_scope("aten::max.dim_max", ::openreg::trace::Route::Structured, "at::native::structured_max_out");
-  structured_max_out_out op(max, max_values);
-  auto precompute = op.meta(self, dim, keepdim);
-  (void)precompute;
-  ::demo::native::prepare_structured_impl(op);
-  op.impl(self, precompute.dim, keepdim, op.maybe_get_output(0), op.maybe_get_output(1));
+// bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
+at::Tensor & wrapper_PrivateUse1_bmm_out_out(const at::Tensor & self, const at::Tensor & mat2, at::Tensor & out) {
+  const ::openreg::trace::Scope trace_scope("aten::bmm.out", ::openreg::trace::Route::Structured, "demo::native::bmm_out");
+  structured_bmm_out_out op(out);
+  op.meta(self, mat2);
+  ::demo::native::bmm_out(self, mat2, op.maybe_get_output(0));
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
   }
-  if (op.proxy_outputs_[1].has_value()) {
-    op.outputs_[1].get().copy_(*op.proxy_outputs_[1]);
-  }
-  return std::forward_as_tuple(max, max_values);
+  return out;
 }
 
 } // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("max.dim", TORCH_FN(wrapper_PrivateUse1_max_dim));
-  m.impl("max.dim_max", TORCH_FN(wrapper_PrivateUse1_max_out_dim_max));
+  m.impl("bmm", TORCH_FN(wrapper_PrivateUse1_bmm));
+  m.impl("bmm.out", TORCH_FN(wrapper_PrivateUse1_bmm_out_out));
 }
 
 } // namespace at

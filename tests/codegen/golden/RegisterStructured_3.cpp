@@ -6,9 +6,8 @@
 #include <ATen/native/Resize.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
-#include <ATen/ops/bmm_meta.h>
-
-#include "OpenRegNativeFunctions.h"
+#include <ATen/ops/_softmax_native.h>
+#include <ATen/core/op_registration/adaption.h>
 
 #include "aten/native/CpuStub.h"
 #include "aten/OpenRegDevice.h"
@@ -66,7 +65,7 @@ std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArray
   return std::nullopt;
 }
 
-struct structured_bmm_out_functional final : public at::meta::structured_bmm {
+struct structured_softmax_cpu_out_functional final : public at::native::structured_softmax_cpu_out {
   void set_output_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
       at::TensorOptions options) override {
@@ -102,17 +101,20 @@ struct structured_bmm_out_functional final : public at::meta::structured_bmm {
   ::openreg::OptionalDeviceGuard guard_;
 };
 
-// bmm(Tensor self, Tensor mat2) -> Tensor
-at::Tensor wrapper_PrivateUse1_bmm(const at::Tensor & self, const at::Tensor & mat2) {
-  const ::openreg::trace::Scope trace_scope("aten::bmm", ::openreg::trace::Route::Structured, "demo::native::bmm_out");
-  structured_bmm_out_functional op;
-  op.meta(self, mat2);
-  ::demo::native::bmm_out(self, mat2, op.outputs_[0]);
+// _softmax(Tensor self, int dim, bool half_to_float) -> Tensor
+at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bool half_to_float) {
+  const ::openreg::trace::Scope trace_scope("aten::_softmax", ::openreg::trace::Route::Structured, "at::native::structured_softmax_cpu_out on host aliases");
+  std::optional<c10::Device> common_device;
+  c10::impl::check_and_update_common_device(common_device, self, "_softmax", "self");
+  structured_softmax_cpu_out_functional op;
+  op.meta(self, dim, half_to_float);
+  ::demo::native::HostImplOperands<2> host(op.outputs_[0]);
+  op.impl(host(self), dim, half_to_float, host(op.outputs_[0]));
   return std::move(op.outputs_[0]);
 }
 
-struct structured_bmm_out_out final : public at::meta::structured_bmm {
-  explicit structured_bmm_out_out(at::Tensor& out0) : outputs_{std::ref(out0)} {}
+struct structured_softmax_cpu_out_out final : public at::native::structured_softmax_cpu_out {
+  explicit structured_softmax_cpu_out_out(at::Tensor& out0) : outputs_{std::ref(out0)} {}
   void set_output_strided(
       int64_t output_idx, at::IntArrayRef sizes, at::IntArrayRef strides,
       at::TensorOptions options) override {
@@ -155,12 +157,16 @@ struct structured_bmm_out_out final : public at::meta::structured_bmm {
   ::openreg::OptionalDeviceGuard guard_;
 };
 
-// bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
-at::Tensor & wrapper_PrivateUse1_bmm_out_out(const at::Tensor & self, const at::Tensor & mat2, at::Tensor & out) {
-  const ::openreg::trace::Scope trace_scope("aten::bmm.out", ::openreg::trace::Route::Structured, "demo::native::bmm_out");
-  structured_bmm_out_out op(out);
-  op.meta(self, mat2);
-  ::demo::native::bmm_out(self, mat2, op.maybe_get_output(0));
+// _softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)
+at::Tensor & wrapper_PrivateUse1__softmax_out_out(const at::Tensor & self, int64_t dim, bool half_to_float, at::Tensor & out) {
+  const ::openreg::trace::Scope trace_scope("aten::_softmax.out", ::openreg::trace::Route::Structured, "at::native::structured_softmax_cpu_out on host aliases");
+  std::optional<c10::Device> common_device;
+  c10::impl::check_and_update_common_device(common_device, self, "_softmax.out", "self");
+  c10::impl::check_and_update_common_device(common_device, out, "_softmax.out", "out");
+  structured_softmax_cpu_out_out op(out);
+  op.meta(self, dim, half_to_float);
+  ::demo::native::HostImplOperands<2> host(op.maybe_get_output(0));
+  op.impl(host(self), dim, half_to_float, host(op.maybe_get_output(0)));
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
   }
@@ -170,8 +176,8 @@ at::Tensor & wrapper_PrivateUse1_bmm_out_out(const at::Tensor & self, const at::
 } // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("bmm", TORCH_FN(wrapper_PrivateUse1_bmm));
-  m.impl("bmm.out", TORCH_FN(wrapper_PrivateUse1_bmm_out_out));
+  m.impl("_softmax", TORCH_FN(wrapper_PrivateUse1__softmax));
+  m.impl("_softmax.out", TORCH_FN(wrapper_PrivateUse1__softmax_out_out));
 }
 
 } // namespace at
