@@ -226,8 +226,11 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
     impl_args = structured.impl_arguments(g)
     impl_exprs = [e.expr for e in translate(context, impl_args, method=False)]
     if entry.host_impl:
-        # CPU's impl() on host aliases of the tensors (HostImplOperands, CpuStub.h).
+        # CPU's impl() on host aliases of the tensors (HostImplOperands,
+        # CpuStub.h); an impl that also runs the iterator meta() built (gelu's
+        # ATen kernel) finds it on kernel addresses.
         tensors = [i for i, a in enumerate(impl_args) if a.nctype.type == ConstRefCType(BaseCType(tensorT))]
+        body.append(f"::{namespace}::{STRUCTURED_PREPARE}(op);")
         body.append(f"::{namespace}::HostImplOperands<{len(tensors)}> host({impl_exprs[tensors[-1]]});")
         for i in tensors:
             impl_exprs[i] = f"host({impl_exprs[i]})"

@@ -479,6 +479,8 @@ HOST_IMPL = {
     "avg_pool2d_backward.grad_input": _pool_grad,
     "max_pool2d_with_indices.out": lambda t: (t(2, 3, 6, 8), [3, 2], [2, 2], [1, 0]),
     "max_pool2d_with_indices_backward.grad_input": _max_pool_grad,
+    "gelu.out": lambda t: (t(4, 6),),
+    "gelu_backward.grad_input": lambda t: (t(4, 6), t(4, 6)),
 }
 HOST_IMPL_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.host_impl}
 
@@ -630,6 +632,22 @@ def test_host_impl_autograd_matches_cpu(fn):
     expected.backward(grad)
     actual.backward(grad.to(DEV))
     assert_same(dx.grad, cx.grad)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_takes_cpus_path_and_gives_cpus_bits(approximate):
+    # CPU's gelu impl uses oneDNN for contiguous float32 CPU tensors (host
+    # aliases are CPU tensors) and ATen's kernel otherwise (on the iterator,
+    # at kernel addresses): either way openreg's result is CPU's, bit for bit.
+    views = [lambda t: t, lambda t: t.double(), lambda t: t[::2], lambda t: t.reshape(60, 50).t()]
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
+    g = torch.randn(3000, generator=torch.Generator().manual_seed(1))
+    for view in views:  # taken on each device (.to() would make a strided view contiguous)
+        a, b, da, db = view(x), view(g), view(x.to(DEV)), view(g.to(DEV))
+        y = torch.nn.functional.gelu(a, approximate=approximate)
+        assert torch.equal(torch.nn.functional.gelu(da, approximate=approximate).cpu(), y)
+        grad = torch.ops.aten.gelu_backward(b, a, approximate=approximate)
+        assert torch.equal(torch.ops.aten.gelu_backward(db, da, approximate=approximate).cpu(), grad)
 
 
 def test_host_impl_leaves_no_memory_behind():

@@ -108,6 +108,7 @@ at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bo
   c10::impl::check_and_update_common_device(common_device, self, "_softmax", "self");
   structured_softmax_cpu_out_functional op;
   op.meta(self, dim, half_to_float);
+  ::demo::native::prepare_structured_impl(op);
   ::demo::native::HostImplOperands<2> host(op.outputs_[0]);
   op.impl(host(self), dim, half_to_float, host(op.outputs_[0]));
   return std::move(op.outputs_[0]);
@@ -165,6 +166,7 @@ at::Tensor & wrapper_PrivateUse1__softmax_out_out(const at::Tensor & self, int64
   c10::impl::check_and_update_common_device(common_device, out, "_softmax.out", "out");
   structured_softmax_cpu_out_out op(out);
   op.meta(self, dim, half_to_float);
+  ::demo::native::prepare_structured_impl(op);
   ::demo::native::HostImplOperands<2> host(op.maybe_get_output(0));
   op.impl(host(self), dim, half_to_float, host(op.maybe_get_output(0)));
   if (op.proxy_outputs_[0].has_value()) {
