@@ -465,6 +465,7 @@ def _max_pool_grad(t):
     return (t(2, 3, 3, 4), x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices)
 
 
+SCATTER_INDEX = torch.tensor([[0, 5, 5], [1, 1, 2], [4, 3, 0], [2, 2, 2]])
 HOST_IMPL = {
     "_softmax.out": lambda t: (t(4, 6), -1, False),
     "_log_softmax.out": lambda t: (t(4, 6), 0, False),
@@ -481,6 +482,18 @@ HOST_IMPL = {
     "max_pool2d_with_indices_backward.grad_input": _max_pool_grad,
     "gelu.out": lambda t: (t(4, 6),),
     "gelu_backward.grad_input": lambda t: (t(4, 6), t(4, 6)),
+    "mean.out": lambda t: (t(4, 6), [1]),
+    "min.dim_min": lambda t: (t(4, 6), 0),
+    "addmv.out": lambda t: (t(4), t(4, 6), t(6)),
+    "scatter_add.out": lambda t: (t(4, 6), 1, SCATTER_INDEX, t(4, 3)),
+    "scatter.reduce_out": lambda t: (t(4, 6), 1, SCATTER_INDEX, t(4, 3), {"reduce": "multiply"}),
+    "scatter_reduce.two_out": lambda t: (t(4, 6), 1, SCATTER_INDEX, t(4, 3), "amax"),
+    "index_add.out": lambda t: (t(4, 6), 0, torch.tensor([3, 0, 3]), t(3, 6)),
+    "index_copy.out": lambda t: (t(4, 6), 0, torch.tensor([3, 0]), t(2, 6)),
+    "tril.out": lambda t: (t(4, 6), 1),
+    "triu.out": lambda t: (t(4, 6), -1),
+    "sort.values_stable": lambda t: (t(4, 6), {"stable": True, "dim": 0, "descending": True}),
+    "topk.values": lambda t: (t(4, 6), 3, 1),
 }
 HOST_IMPL_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.host_impl}
 
@@ -595,13 +608,26 @@ def test_host_impl_out_that_is_the_input_matches_cpu():
         assert_same(d, expected)
 
 
-@pytest.mark.parametrize("method", ["cumsum_", "cumprod_"])
-def test_host_impl_in_place(method):
+@pytest.mark.parametrize(
+    "method, args",
+    [
+        ("cumsum_", (1,)),
+        ("cumprod_", (1,)),
+        ("tril_", (1,)),
+        ("scatter_add_", (1, SCATTER_INDEX, torch.ones(4, 3))),
+        ("scatter_reduce_", (1, SCATTER_INDEX, torch.ones(4, 3), "sum")),
+        ("index_add_", (0, torch.tensor([3, 0, 3]), torch.ones(3, 6))),
+        ("index_copy_", (0, torch.tensor([3, 0]), torch.ones(2, 6))),
+    ],
+)
+def test_host_impl_in_place(method, args):
     a = torch.randn(4, 6)
     d = a.to(DEV)
     ptr = d.data_ptr()
-    assert getattr(d, method)(1) is d and d.data_ptr() == ptr
-    assert_same(d, getattr(a, method)(1))
+    assert getattr(d, method)(*to_dev(args)) is d and d.data_ptr() == ptr
+    assert_same(d, getattr(a, method)(*args))
+    if method not in ("cumsum_", "cumprod_"):
+        return
     with pytest.raises(RuntimeError) as cpu_error:
         getattr(torch.arange(6), method)(0, dtype=torch.float32)
     with pytest.raises(RuntimeError) as device_error:

@@ -47,13 +47,14 @@ def add_relu_on_cpu(a, b):
         ("reduction", lambda a, b: (a * b).sum(1), None),
         ("matmul (structured, openreg impl)", lambda a, b: a @ b.t(), None),
         ("gather (structured, openreg impl)", lambda a, b: torch.gather(a * b, 1, torch.tensor([[0, 2, 5]] * 5, device=a.device)), None),
-        ("scatter_add (CPU kernel on device memory)",
+        ("scatter_add (structured, CPU impl on host aliases)",
          lambda a, b: torch.scatter_add(a, 1, torch.tensor([[0, 2, 2]] * 5, device=a.device), b[:, :3]), None),
         ("cumsum (structured, CPU impl on host aliases)", lambda a, b: torch.cumsum(a * b, 1), None),
         ("softmax (structured, CPU impl on host aliases)", lambda a, b: torch.softmax(a, 1) * b, None),
         ("std (CPU kernel on device memory)", lambda a, b: torch.std(a * b, 1), None),
         ("logcumsumexp (CPU fallback)", lambda a, b: torch.logcumsumexp(a * b, 1), None),
         ("views and indexing", lambda a, b: a.t()[1:, ::2] * b.t()[1:, ::2], None),
+        ("flip (CPU kernel on device memory)", lambda a, b: torch.flip(a * b, [1]), None),
         ("custom op openreg::add_relu", lambda a, b: torch.ops.openreg.add_relu(a, b, alpha=2.0), add_relu_on_cpu),
     ],
 )
@@ -65,9 +66,9 @@ def test_gradients_equal_cpu_for_every_route(name, fn, cpu_fn):
 def test_the_routes_above_are_what_they_say():
     # If one of these becomes native the test above still passes, but its
     # labels lie; update them (pick another fallback op) when this fails.
-    for op in ("aten::scatter_add", "aten::std.correction"):
+    for op in ("aten::std.correction", "aten::flip"):
         assert classify(op).served_by.startswith("CPU kernel on device memory"), op
-    for op in ("aten::cumsum", "aten::_softmax", "aten::_softmax_backward_data"):
+    for op in ("aten::scatter_add", "aten::cumsum", "aten::_softmax", "aten::_softmax_backward_data"):
         assert classify(op).served_by.endswith(" on host aliases"), op
     assert classify("aten::mm").served_by == "structured kernel openreg::native::mm_out"
     assert classify("aten::gather").served_by == "structured kernel openreg::native::gather_out"

@@ -87,9 +87,10 @@ void prepare_structured_impl(Op& op) {
 // (cumsum_stub), which prepare_structured_impl cannot reach. Anything the impl
 // computes with runs on CPU tensors, so the result is CPU's. Operands on one
 // device storage get aliases sharing one host storage, as HostCall's do, so
-// the impl sees the overlap a CPU call would. The generated wrapper checks
-// first that every tensor is on one openreg device; `N` is its number of
-// tensor arguments.
+// the impl sees the overlap a CPU call would, and a tensor passed twice (an
+// in-place call's self and output) gets one alias, so `self.is_same(out)`
+// holds as on CPU. The generated wrapper checks first that every tensor is on
+// one openreg device; `N` is its number of tensor arguments.
 template <size_t N>
 class HostImplOperands {
  public:
@@ -115,9 +116,15 @@ class HostImplOperands {
     if (!t.defined()) {
       return t;
     }
+    for (size_t i = 0; i < count_; ++i) {
+      if (operands_[i].device_tensor == t.unsafeGetTensorImpl()) {
+        return operands_[i].alias;
+      }
+    }
     TORCH_INTERNAL_ASSERT(count_ < N && t.device().is_privateuseone());
     c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
     Operand& operand = operands_[count_++];
+    operand.device_tensor = t.unsafeGetTensorImpl();
     operand.device_storage = device_storage;
     for (size_t i = 0; i + 1 < count_; ++i) {
       if (operands_[i].first_on_storage && operands_[i].device_storage == device_storage) {
@@ -134,6 +141,7 @@ class HostImplOperands {
  private:
   struct Operand {
     at::Tensor alias;
+    const c10::TensorImpl* device_tensor = nullptr;
     c10::StorageImpl* device_storage = nullptr;
     bool first_on_storage = false;
   };
