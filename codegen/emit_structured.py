@@ -235,6 +235,7 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
         for i in tensors:
             impl_exprs[i] = f"host({impl_exprs[i]})"
         body.append(f"op.impl({', '.join(impl_exprs)});")
+        body.append(f'host.check_kept("aten::{f.func.name}");')
     elif entry.impl is not None:
         body.append(f"::{namespace}::{entry.impl}({', '.join(impl_exprs)});")
     else:

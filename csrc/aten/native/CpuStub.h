@@ -23,6 +23,7 @@
 
 #include "aten/OpenRegHostAlias.h"
 #include "aten/OpenRegStream.h"
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
 
@@ -101,13 +102,30 @@ class HostImplOperands {
   HostImplOperands& operator=(const HostImplOperands&) = delete;
   ~HostImplOperands() {
     // Aliases sharing a storage go first, so each storage's first alias is
-    // the only one left on it when it ends.
+    // the only one left on it when it ends. One the impl replaced (see
+    // check_kept) is not an alias any more: it is only dropped.
     for (size_t i = count_; i-- > 0;) {
-      if (operands_[i].first_on_storage) {
+      if (operands_[i].first_on_storage && operands_[i].alias.unsafeGetTensorImpl() == operands_[i].made) {
         end_operand_alias(std::move(operands_[i].alias), operands_[i].device_storage, pool_);
       } else {
         operands_[i].alias.reset();
       }
+    }
+  }
+
+  // After impl(): every alias must still be the tensor handed out, over the
+  // operand's memory. An impl that assigned another tensor to its output
+  // (through a const_cast) or resized it would leave its result in memory the
+  // device tensor never sees; that raises rather than return a wrong result.
+  void check_kept(const char* op) const {
+    for (size_t i = 0; i < count_; ++i) {
+      const Operand& o = operands_[i];
+      TORCH_CHECK(
+          o.alias.unsafeGetTensorImpl() == o.made &&
+              o.alias.storage().unsafeGetStorageImpl()->data_ptr().get() ==
+                  orKernelAddress(o.device_storage->data_ptr().get()),
+          op, ": CPU's impl() replaced or resized the host alias of an operand, so its result cannot reach the "
+          "openreg tensor. This is an openreg bug: bind the operator under cpu_kernels instead of host_impl.");
     }
   }
 
@@ -129,11 +147,13 @@ class HostImplOperands {
     for (size_t i = 0; i + 1 < count_; ++i) {
       if (operands_[i].first_on_storage && operands_[i].device_storage == device_storage) {
         operand.alias = host_alias(t, operands_[i].alias.storage());
+        operand.made = operand.alias.unsafeGetTensorImpl();
         operand.first_on_storage = false;
         return operand.alias;
       }
     }
     operand.alias = operand_alias(t, pool_);
+    operand.made = operand.alias.unsafeGetTensorImpl();
     operand.first_on_storage = true;
     return operand.alias;
   }
@@ -142,6 +162,7 @@ class HostImplOperands {
   struct Operand {
     at::Tensor alias;
     const c10::TensorImpl* device_tensor = nullptr;
+    const c10::TensorImpl* made = nullptr; // the alias handed out
     c10::StorageImpl* device_storage = nullptr;
     bool first_on_storage = false;
   };

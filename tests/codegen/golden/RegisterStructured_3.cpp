@@ -111,6 +111,7 @@ at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bo
   ::demo::native::prepare_structured_impl(op);
   ::demo::native::HostImplOperands<2> host(op.outputs_[0]);
   op.impl(host(self), dim, half_to_float, host(op.outputs_[0]));
+  host.check_kept("aten::_softmax");
   return std::move(op.outputs_[0]);
 }
 
@@ -169,6 +170,7 @@ at::Tensor & wrapper_PrivateUse1__softmax_out_out(const at::Tensor & self, int64
   ::demo::native::prepare_structured_impl(op);
   ::demo::native::HostImplOperands<2> host(op.maybe_get_output(0));
   op.impl(host(self), dim, half_to_float, host(op.maybe_get_output(0)));
+  host.check_kept("aten::_softmax.out");
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
   }
