@@ -23,7 +23,6 @@
 
 #include "aten/OpenRegHostAlias.h"
 #include "aten/OpenRegStream.h"
-#include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
 
@@ -122,8 +121,7 @@ class HostImplOperands {
       const Operand& o = operands_[i];
       TORCH_CHECK(
           o.alias.unsafeGetTensorImpl() == o.made &&
-              o.alias.storage().unsafeGetStorageImpl()->data_ptr().get() ==
-                  orKernelAddress(o.device_storage->data_ptr().get()),
+              o.made->storage().unsafeGetStorageImpl()->data_ptr().get() == o.kernel_address,
           op, ": CPU's impl() replaced or resized the host alias of an operand, so its result cannot reach the "
           "openreg tensor. This is an openreg bug: bind the operator under cpu_kernels instead of host_impl.");
     }
@@ -148,12 +146,14 @@ class HostImplOperands {
       if (operands_[i].first_on_storage && operands_[i].device_storage == device_storage) {
         operand.alias = host_alias(t, operands_[i].alias.storage());
         operand.made = operand.alias.unsafeGetTensorImpl();
+        operand.kernel_address = operands_[i].kernel_address;
         operand.first_on_storage = false;
         return operand.alias;
       }
     }
     operand.alias = operand_alias(t, pool_);
     operand.made = operand.alias.unsafeGetTensorImpl();
+    operand.kernel_address = operand.made->storage().unsafeGetStorageImpl()->data_ptr().get();
     operand.first_on_storage = true;
     return operand.alias;
   }
@@ -163,6 +163,7 @@ class HostImplOperands {
     at::Tensor alias;
     const c10::TensorImpl* device_tensor = nullptr;
     const c10::TensorImpl* made = nullptr; // the alias handed out
+    const void* kernel_address = nullptr; // where its storage's bytes start
     c10::StorageImpl* device_storage = nullptr;
     bool first_on_storage = false;
   };
