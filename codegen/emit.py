@@ -25,6 +25,7 @@ from codegen.model import (
     OpRef,
     StubEntry,
     aten_registrations,
+    common_device_checks,
     trace_scope,
     wrapper_name,
 )
@@ -136,11 +137,7 @@ def device_check(entry: KernelEntry, name: str) -> str:
     ]
     if not entry.device_check or not args:
         return "  // no device check"
-    lines = ["  std::optional<c10::Device> common_device;"] + [
-        f'  c10::impl::check_and_update_common_device(common_device, {a}, "{name}", "{a}");'
-        for a in args
-    ]
-    return "\n".join(lines)
+    return "\n".join("  " + line for line in common_device_checks(name, args))
 
 
 def wrapper(

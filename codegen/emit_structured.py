@@ -19,7 +19,17 @@ SymInt conversions follow the schemas of the installed torch.
 
 from __future__ import annotations
 
-from codegen.model import CPU_KERNEL_HEADER, DEVICE_HEADER, NATIVE_HEADER, STRUCTURED_PREPARE, TRACE_HEADER, BackendConfig, StructuredEntry, trace_scope
+from codegen.model import (
+    CPU_KERNEL_HEADER,
+    DEVICE_HEADER,
+    NATIVE_HEADER,
+    STRUCTURED_PREPARE,
+    TRACE_HEADER,
+    BackendConfig,
+    StructuredEntry,
+    common_device_checks,
+    trace_scope,
+)
 from torchgen.api import structured
 from torchgen.api.translate import translate
 from torchgen.api.types import (
@@ -192,12 +202,9 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
     if entry.host_impl:
         # Host aliases are made of openreg tensors only: every tensor must be
         # on one device first (meta() and impl() do not check that).
-        body.append("std::optional<c10::Device> common_device;")
-        body += [
-            f'c10::impl::check_and_update_common_device(common_device, {a.name}, "{f.func.name}", "{a.name}");'
-            for a in f.func.arguments.flat_all
-            if a.type.is_tensor_like()
-        ]
+        body += common_device_checks(
+            str(f.func.name), [a.name for a in f.func.arguments.flat_all if a.type.is_tensor_like()]
+        )
     if kind is SchemaKind.functional:
         body.append(f"{name} op;")
     elif kind is SchemaKind.inplace:

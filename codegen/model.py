@@ -36,6 +36,16 @@ def trace_scope(op: str, route: str, kernel: str) -> str:
     return f'const {TRACE_NAMESPACE}::Scope trace_scope("{op}", {TRACE_NAMESPACE}::Route::{route}, "{kernel}");'
 
 
+def common_device_checks(op: str, tensors: list[str]) -> list[str]:
+    """The statements torchgen writes for in-tree backends to check that the
+    named tensor arguments are all on one device
+    (c10::impl::check_and_update_common_device); `op` names the operator in
+    the error."""
+    return ["std::optional<c10::Device> common_device;"] + [
+        f'c10::impl::check_and_update_common_device(common_device, {a}, "{op}", "{a}");' for a in tensors
+    ]
+
+
 def wrapper_name(op: object) -> str:
     """The generated wrapper of an aten operator: add.out -> wrapper_add_out."""
     return "wrapper_" + str(op).replace(".", "_")
