@@ -2,6 +2,9 @@
 // synchronous copies.
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include <array>
 #include <cstdlib>
@@ -101,9 +104,36 @@ bool host_block(uintptr_t addr, uintptr_t* base, size_t* size) {
   return true;
 }
 
+#if defined(__x86_64__)
+// The CPU copies fast with `rep movsb` (cpuid leaf 7: ERMS, ebx bit 9).
+bool has_erms() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (ebx & (1u << 9)) != 0;
+}
+#endif
+
 } // namespace
 
 namespace detail {
+
+void copy_bytes(void* to, const void* from, size_t count) {
+#if defined(__x86_64__)
+  // Above the L2 cache's size glibc's memcpy leaves `rep movsb` for a vector
+  // loop that moves about 6% less per second than ATen's copy_ kernel on
+  // this project's machines (2-core AMD EPYC, 64 MiB); `rep movsb` moves as
+  // much as copy_ (benchmarks/bench_ops.py, copies and cat). It copies
+  // forwards only, so not onto an overlapping range above the source.
+  static const bool erms = has_erms();
+  constexpr size_t kRepMovsbMin = 512 * 1024;
+  const auto dst = reinterpret_cast<uintptr_t>(to);
+  const auto src = reinterpret_cast<uintptr_t>(from);
+  if (erms && count >= kRepMovsbMin && (dst + count <= src || src + count <= dst)) {
+    asm volatile("rep movsb" : "+D"(to), "+S"(from), "+c"(count) : : "memory");
+    return;
+  }
+#endif
+  std::memmove(to, from, count);
+}
 
 orError map_device_memory(Config& config, std::string* message) {
   const size_t total = config.device_memory * static_cast<size_t>(config.device_count);
@@ -363,7 +393,7 @@ orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind) {
     record = detail::memcpy_record(dst, src, count, kind, nullptr);
     record.start_ns = orActivityGetTimestamp();
   }
-  std::memmove(orKernelAddress(dst), orKernelAddress(src), count);
+  detail::copy_bytes(orKernelAddress(dst), orKernelAddress(src), count);
   if (report != nullptr) {
     record.end_ns = orActivityGetTimestamp();
     report(record);

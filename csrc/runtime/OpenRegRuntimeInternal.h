@@ -52,4 +52,8 @@ orActivityCallback activity_callback();
 // the times.
 orActivityMemcpy memcpy_record(const void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream);
 
+// Memory.cpp: the copy engine: moves `count` bytes between kernel (host)
+// addresses; the ranges may overlap.
+void copy_bytes(void* to, const void* from, size_t count);
+
 } // namespace openreg::detail

@@ -317,13 +317,13 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
     // the worker times the copy when it runs.
     stream->enqueue([to, from, count, report, record = detail::memcpy_record(dst, src, count, kind, stream)]() mutable {
       record.start_ns = orActivityGetTimestamp();
-      std::memmove(to, from, count);
+      detail::copy_bytes(to, from, count);
       record.end_ns = orActivityGetTimestamp();
       report(record);
     });
     return orError::Success;
   }
-  stream->enqueue([to, from, count] { std::memmove(to, from, count); });
+  stream->enqueue([to, from, count] { detail::copy_bytes(to, from, count); });
   return orError::Success;
 }
 
