@@ -147,6 +147,47 @@ def test_copy_device_to_device_same_device():
     assert b.data_ptr() != a.data_ptr()
 
 
+def test_copy_refuses_overlaps_as_cpu_does():
+    # copy_ hands openreg copies to _copy_from before CPU's overlap checks run.
+    def cases(device):
+        t = torch.arange(16.0, device=device)
+        yield "partial", lambda: t[1:].copy_(t[:-1])
+        yield "partial strided", lambda: t[1:9].copy_(t[::2])
+        yield "internal", lambda: torch.zeros(1, device=device).expand(4).copy_(torch.arange(4.0, device=device))
+        yield "same data", lambda: t.copy_(t.view(4, 4).view(16))
+        yield "full overlap, other dtype", lambda: t.view(torch.int32).copy_(t)
+    for (name, on_cpu), (_, on_dev) in zip(cases("cpu"), cases(DEV)):
+        try:
+            expected = on_cpu()
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=r"unsupported operation: (some|more than one) element"):
+                on_dev()
+            assert "unsupported operation" in str(e), name
+            continue
+        assert_close(on_dev().cpu(), expected, msg=name)
+
+
+@pytest.mark.parametrize("nbytes", [(512 << 10) - 4, 512 << 10, (1 << 20) + 4, 9 << 20])
+def test_large_copies_in_every_direction(nbytes):
+    # Around and above the size from which the runtime's copy engine stops
+    # using memmove (csrc/runtime/OpenRegMemory.cpp: copy_bytes).
+    src = torch.randint(-(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32)
+    dev = src.to(DEV)
+    assert torch.equal(dev.cpu(), src)
+    twice = torch.empty(2 * src.numel(), dtype=torch.int32, device=DEV)
+    twice[src.numel():].copy_(dev)  # within one allocation, no overlap
+    twice[: src.numel()].copy_(twice[src.numel():])
+    assert torch.equal(twice.cpu(), src.repeat(2))
+    other = dev.to("openreg:1")
+    assert torch.equal(other.cpu(), src)
+    pinned = torch.empty_like(src).pin_memory()
+    pinned.copy_(dev, non_blocking=True)
+    back = torch.empty_like(dev)
+    back.copy_(pinned, non_blocking=True)
+    torch.openreg.synchronize()
+    assert torch.equal(pinned, src) and torch.equal(back.cpu(), src)
+
+
 def test_copy_across_devices_keeps_values_and_device():
     a = torch.randn(3, 3, device="openreg:0")
     b = a.to("openreg:1")

@@ -2,6 +2,7 @@
 //
 // copy_(..., non_blocking=True) queues the copy on the current stream when it
 // can (see can_copy_async); every other copy is synchronous.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/copy.h>
@@ -104,6 +105,18 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         t->is_cpu() || t->device().is_privateuseone(), "openreg cannot copy to or from a ",
         t->device().type(), " tensor: move it to CPU first.");
   }
+  // copy_ hands a copy with an openreg side to _copy_from before the checks
+  // its TensorIterator makes on CPU (aten/src/ATen/native/Copy.cpp: copy_impl):
+  // a view of the very same data is left alone; a destination with elements
+  // sharing memory, or partly overlapping the source, is refused as on CPU
+  // (a copy_ of t[:-1] into t[1:] would otherwise succeed on openreg only).
+  if (dst.is_alias_of(self) && dst.storage_offset() == self.storage_offset() && dst.sizes() == self.sizes() &&
+      dst.strides() == self.strides() && dst.scalar_type() == self.scalar_type() &&
+      dst.is_conj() == self.is_conj() && dst.is_neg() == self.is_neg()) {
+    return dst;
+  }
+  at::assert_no_internal_overlap(dst);
+  at::assert_no_partial_overlap(dst, self);
   if (dst.numel() == 0) {
     return dst;
   }
