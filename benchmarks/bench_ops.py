@@ -3,9 +3,11 @@
     python benchmarks/bench_ops.py [--size small|large|both] [--only add,sort,...]
                                    [--repeat N] [--calls-scale F] [--json FILE]
 
-Each case runs interleaved (a batch of calls on CPU, a batch on openreg, CPU,
-openreg, ...; the device is synchronized at the end of every batch) and reports
-the median per-call time; ratio = openreg / CPU (1.0 = as fast as CPU). Copies
+Each case runs interleaved: pairs of batches, a batch of calls on CPU and one
+on openreg, in alternating order (CPU first, then openreg first; the device is
+synchronized at the end of every batch). The table gives each device's median
+per-call time, and ratio = openreg / CPU (1.0 = as fast as CPU): the median of
+the pairs' ratios, with their first and third quartile as the spread. Copies
 are also reported as GB/s, against CPU's copy_ bandwidth.
 
 Small inputs have 16 elements, large ones about 16M; the shape column gives
@@ -345,6 +347,23 @@ def describe(args: tuple, result: Any) -> str:
     return "x".join(f"{d >> 20}M" if d >= 1 << 20 and d % (1 << 20) == 0 else str(d) for d in first.shape)
 
 
+def pair_ratios(cpu_t: list[float], dev_t: list[float]) -> list[float]:
+    """openreg's time over CPU's, batch pair by batch pair. The machine's speed
+    drifts between batches (a neighbour's load on a shared host moves CPU's own
+    time per call by up to 2x between runs); within a pair both devices ran in
+    the same conditions, so the median of the pairs' ratios is steadier than
+    the ratio of the two medians."""
+    return [d / c for c, d in zip(cpu_t, dev_t)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartile: the ratio's spread between pairs."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
 def measure(case: Case, large: bool, repeat: int, calls: int) -> dict[str, Any]:
     """Times the case on both devices, interleaved; one row of the table."""
     torch.manual_seed(0)
@@ -362,14 +381,20 @@ def measure(case: Case, large: bool, repeat: int, calls: int) -> dict[str, Any]:
     torch.openreg.synchronize()
     fallback_ops = sorted(diagnostics.fallback_stats())
     cpu_t, dev_t = [], []
-    for _ in range(repeat):
-        cpu_t.append(per_call(cpu, calls))
-        dev_t.append(per_call(dev, calls))
+    for i in range(repeat):
+        # Pairs of adjacent batches, in alternating order (CPU first, then
+        # openreg first), so that neither device always runs in the other's
+        # wake (warm caches, a neighbour's load that comes and goes).
+        first, second = (cpu, dev) if i % 2 == 0 else (dev, cpu)
+        t_first, t_second = per_call(first, calls), per_call(second, calls)
+        cpu_t.append(t_first if i % 2 == 0 else t_second)
+        dev_t.append(t_second if i % 2 == 0 else t_first)
     cpu_s, dev_s = statistics.median(cpu_t), statistics.median(dev_t)
+    ratios = pair_ratios(cpu_t, dev_t)
     row = {"op": case.name, "aten": case.op, "size": "large" if large else "small",
            "shape": describe(cpu_args, result), "call": case.call(large), "calls": calls,
-           "cpu_us": cpu_s * 1e6, "openreg_us": dev_s * 1e6, "ratio": dev_s / cpu_s,
-           "fallback_ops": fallback_ops}
+           "cpu_us": cpu_s * 1e6, "openreg_us": dev_s * 1e6, "ratio": statistics.median(ratios),
+           "ratio_quartiles": quartiles(ratios), "fallback_ops": fallback_ops}
     if case.copy:
         nbytes = args[0].nbytes
         row |= {"cpu_GBps": nbytes / cpu_s / 1e9, "openreg_GBps": nbytes / dev_s / 1e9}
@@ -412,14 +437,15 @@ def label_notes(row: dict[str, Any]) -> list[str]:
     return []
 
 
-ROW = "{:<34} {:<5} {:<14} {:<8} {:>11} {:>11} {:>6}{}"
+ROW = "{:<34} {:<5} {:<14} {:<8} {:>11} {:>11} {:>6} {:<9}{}"
 
 
 def print_row(r: dict[str, Any]) -> None:
     name = r["op"] if "cpu_GBps" in r else f"{r['op']} ({r['label']})"
     bandwidth = f"  {r['cpu_GBps']:.2f} / {r['openreg_GBps']:.2f}" if "cpu_GBps" in r else ""
+    q1, q3 = r["ratio_quartiles"]
     print(ROW.format(name, r["size"], r["shape"], r["call"], f"{r['cpu_us']:.2f}", f"{r['openreg_us']:.2f}",
-                     f"{r['ratio']:.2f}", bandwidth), flush=True)
+                     f"{r['ratio']:.2f}", f"{q1:.2f}-{q3:.2f}", bandwidth), flush=True)
 
 
 def print_summary(summary: list[dict[str, Any]]) -> None:
@@ -433,7 +459,8 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="FILE", help="also write the rows and the summary to FILE")
-    parser.add_argument("--repeat", type=int, default=5, help="timed batches per device (the median is kept)")
+    parser.add_argument("--repeat", type=int, default=11,
+                        help="timed pairs of batches (one batch per device); the median is kept")
     parser.add_argument("--size", choices=("small", "large", "both"), default="both")
     parser.add_argument("--only", metavar="SUBSTR", help="comma list: run the cases whose name contains one of them")
     parser.add_argument("--calls-scale", type=float, default=1.0, metavar="F",
@@ -451,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = {c.name: info.classify(c.op, bound).category for c in cases}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeat {args.repeat}, "
           f"calls x{args.calls_scale:g}; ratio = openreg / CPU")
-    print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio",
+    print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio", "q1-q3",
                      "  GB/s cpu / openreg"))
     rows = []
     for large in sizes:
