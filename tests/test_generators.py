@@ -329,14 +329,6 @@ DROPOUTS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aten::native_dropout (what dropout calls on PrivateUse1, Dropout.cpp "
-    "is_fused_kernel_acceptable) has no Generator argument, so the CPU fallback cannot hand "
-    "it the device generator: its CPU kernel draws from the CPU default generator. Needs an "
-    "openreg native_dropout kernel in backend_functions.yaml that draws through bernoulli_ "
-    "on the device (as CUDA's kernel uses the CUDA generator)",
-)
 @pytest.mark.parametrize("op", sorted(DROPOUTS))
 def test_dropout_draws_from_the_device_generator_not_the_cpu_one(op):
     x = torch.arange(1.0, 101.0, device="openreg")
@@ -346,6 +338,31 @@ def test_dropout_draws_from_the_device_generator_not_the_cpu_one(op):
     torch.openreg.manual_seed(6)
     b = DROPOUTS[op](x).cpu()
     assert torch.equal(a, b)
+
+
+def test_dropout_draws_what_cpu_draws_for_the_same_seed():
+    # native_dropout's openreg kernel is CPU's, run on device tensors: the
+    # mask comes from bernoulli_, which draws CPU's numbers from the device's
+    # generator.
+    torch.manual_seed(11)
+    expected = torch.native_dropout(torch.arange(1.0, 65.0), 0.3, True)
+    torch.manual_seed(11)
+    got = torch.native_dropout(torch.arange(1.0, 65.0, device="openreg"), 0.3, True)
+    assert got[1].dtype == torch.bool and got[1].device.type == "openreg"
+    assert torch.equal(got[0].cpu(), expected[0]) and torch.equal(got[1].cpu(), expected[1])
+
+
+def test_dropout_backward_scales_the_gradient_by_the_mask():
+    x = torch.randn(50, device="openreg", requires_grad=True)
+    y = torch.nn.functional.dropout(x, 0.25)
+    y.backward(torch.ones_like(y))
+    kept = (y != 0).cpu()
+    expected = kept.float() / 0.75
+    torch.testing.assert_close(x.grad.cpu(), expected)
+    assert torch.equal(
+        torch.ops.aten.native_dropout_backward(torch.ones(4, device="openreg"), kept[:4].to("openreg"), 2.0).cpu(),
+        kept[:4].float() * 2.0,
+    )
 
 
 def test_dropout_zeroes_and_rescales_like_cpu():
