@@ -2,6 +2,8 @@
 //
 // copy_(..., non_blocking=True) queues the copy on the current stream when it
 // can (see can_copy_async); every other copy is synchronous.
+#include <optional>
+
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
@@ -52,10 +54,6 @@ void parallel_memcpy(void* dst, const void* src, size_t nbytes, orMemcpyKind kin
     }
     OPENREG_CHECK(status);
   });
-}
-
-at::Tensor host_view(const at::Tensor& t) {
-  return t.device().is_privateuseone() ? host_alias(t) : t;
 }
 
 // The device whose stream orders a copy: the destination's for copies into
@@ -139,8 +137,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     return dst;
   }
   // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy kernel
-  // run on the device memory.
-  host_view(dst).copy_(host_view(self));
+  // run on the device memory, over recycled aliases (copy_ keeps no reference
+  // to its operands).
+  std::optional<ScopedHostAlias> dst_alias;
+  std::optional<ScopedHostAlias> src_alias;
+  const at::Tensor& to = dst.device().is_privateuseone() ? dst_alias.emplace(dst).get() : dst;
+  const at::Tensor& from = self.device().is_privateuseone() ? src_alias.emplace(self).get() : self;
+  to.copy_(from);
   return dst;
 }
 
