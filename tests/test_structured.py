@@ -145,6 +145,47 @@ def test_binary_promotes_types_like_cpu(name):
         assert_same(fn(x.to(DEV), dy), fn(x, y))
 
 
+@pytest.mark.parametrize("numel", [16, 40000])  # below and above the size cast in host memory
+def test_promoted_device_inputs_of_every_layout_match_cpu(numel):
+    # A stub kernel casts an input of another dtype to the common one (CpuStub.cpp,
+    # recast_keeping_strides): dense ones keep their strides, others are cast over
+    # the memory they reach; small ones into host memory.
+    rows = numel // 8
+    base = torch.arange(2 * rows * 8, dtype=torch.int32).reshape(2 * rows, 8) % 7 - 3
+    layouts = {
+        "contiguous": lambda t: t[:rows],
+        "transposed": lambda t: t[:rows].t().contiguous().t(),
+        "strided": lambda t: t[::2],
+        "expanded": lambda t: t[:1].expand(rows, 8),
+        "empty": lambda t: t[:0],
+    }
+    for name, layout in layouts.items():
+        i = layout(base)
+        f = torch.randn(i.shape)
+        mask = layout(base > 0)
+        for fn, args in [(torch.add, (f, i)), (torch.mul, (i, f)), (torch.mul, (f, mask)), (torch.sub, (i, 2.5))]:
+            dev_args = [a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args]
+            # .to() makes contiguous copies; rebuild the layout on the device.
+            dev_args = [layout(base.to(DEV)) if a is i else layout((base > 0).to(DEV)) if a is mask else d
+                        for a, d in zip(args, dev_args)]
+            assert_same(fn(*dev_args), fn(*args))
+        # In place: the output's dtype is the common one, the input is cast.
+        g = torch.zeros(i.shape, dtype=torch.float64)
+        dg = g.to(DEV)
+        dg.add_(layout(base.to(DEV)))
+        assert_same(dg, g.add_(i))
+
+
+def test_reduced_float_scalar_operand_on_the_device_matches_cpu():
+    # bf16/fp16 binary kernels read a scalar operand's value in its own dtype
+    # (original_scalar_value); a 0-dim float32 openreg tensor is such an operand.
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(16).to(dtype)
+        s = torch.tensor(1 / 3)
+        for fn in (torch.add, torch.mul, torch.div):
+            assert_same(fn(x.to(DEV), s.to(DEV)), fn(x, s))
+
+
 @pytest.mark.parametrize("name", ["add.out", "sub.out", "mul.out", "div.out", "eq.Tensor_out", "lt.Tensor_out"])
 def test_binary_with_python_scalars(name):
     fn = BINARY[name]

@@ -23,37 +23,52 @@ struct IteratorAccess : at::TensorIteratorBase {
   }
 };
 
-// A tensor with t's sizes and strides over fresh memory of `dtype` (holding
-// t's values cast when `copy`). Keeping the element strides means the
-// iterator's byte strides, already permuted and coalesced, only scale by the
-// item size. The fresh memory spans every element t can reach, so broadcast
-// (zero-stride) operands stay cheap.
-at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype, bool copy) {
-  if (t.dim() == 0) {
-    // A scalar operand (`x * 2.0`): no geometry to keep.
-    return copy ? at::Tensor(t).to(dtype) : at::empty({}, t.options().dtype(dtype));
-  }
+// The number of elements from t's first to its last, in memory (1 for a
+// tensor with no elements, which needs no memory but gets some).
+int64_t reach(const at::TensorBase& t) {
   int64_t extent = 1;
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.size(d) == 0) {
-      return at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype));
+      return 1;
     }
     extent += (t.size(d) - 1) * t.stride(d);
   }
-  at::Tensor flat;
-  if (copy && t.device().is_privateuseone() && extent < at::internal::GRAIN_SIZE) {
-    // A small input, which the kernel only reads: cast into host memory from
-    // a recycled alias, sparing a device allocation and a trip through
-    // openreg's copy_ (about 1 us of 3 for `x * mask` on 16 elements). Large
-    // ones stay on the device, whose caching allocator keeps their blocks.
-    // The alias is read after the work queued on the stream.
+  return extent;
+}
+
+// t's memory from its first element to its last, cast to `dtype`, viewed
+// with t's sizes and strides.
+at::Tensor cast_over_reach(const at::Tensor& t, at::ScalarType dtype) {
+  return t.as_strided({reach(t)}, {1}).to(dtype).as_strided(t.sizes(), t.strides());
+}
+
+// A tensor with t's sizes and strides over fresh memory of `dtype` (holding
+// t's values cast when `copy`). Keeping the element strides means the
+// iterator's byte strides, already permuted and coalesced, only scale by the
+// item size. A dense t keeps them through to() (preserve_format); otherwise
+// the fresh memory spans every element t can reach, so broadcast (zero-stride)
+// operands stay cheap.
+//
+// A small input, which the kernel only reads, is cast into host memory from a
+// recycled alias, sparing a device allocation and a trip through openreg's
+// copy_ (about 1 us of 3 for `x * mask` on 16 elements); large ones stay on
+// the device, whose caching allocator keeps their blocks. The alias is read
+// after the work queued on the stream.
+at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype, bool copy) {
+  if (t.numel() == 0) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype));
+  }
+  const bool dense = t.is_non_overlapping_and_dense();
+  if (!copy) {
+    return dense ? at::empty_strided(t.sizes(), t.strides(), t.options().dtype(dtype))
+                 : at::empty({reach(t)}, t.options().dtype(dtype)).as_strided(t.sizes(), t.strides());
+  }
+  if (t.device().is_privateuseone() && t.numel() < at::internal::GRAIN_SIZE) {
     join_current_stream(t.device().index());
     ScopedHostAlias source(t);
-    flat = source.get().as_strided({extent}, {1}).to(dtype);
-  } else {
-    flat = copy ? at::Tensor(t).as_strided({extent}, {1}).to(dtype) : at::empty({extent}, t.options().dtype(dtype));
+    return dense ? source.get().to(dtype) : cast_over_reach(source.get(), dtype);
   }
-  return flat.as_strided(t.sizes(), t.strides());
+  return dense ? at::Tensor(t).to(dtype) : cast_over_reach(at::Tensor(t), dtype);
 }
 
 // Points every operand at kernel addresses and gives reduction operands on
@@ -157,12 +172,13 @@ void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
     if (op.is_output) {
       outputs_.emplace_back(at::Tensor(op.tensor_base()), std::move(promoted));
     } else {
-      if (op.tensor_base().device().is_privateuseone()) {
+      if (op.tensor_base().device().is_privateuseone() && at::isReducedFloatingType(*common) && iter.is_scalar(arg)) {
         // CPU kernels read a scalar operand's value from the tensor that
         // exchange_tensor keeps as the original, in its own dtype
         // (TensorIteratorBase::original_scalar_value: add_kernel, mul_kernel,
-        // div_true_kernel, ... when the common dtype is BFloat16 or Half), so
-        // the original must be host-readable: exchange for a host alias first,
+        // div_true_kernel, ... when the common dtype is BFloat16 or Half and
+        // the operand is a scalar, iter.is_scalar), so the original must be
+        // host-readable: exchange for a host alias first,
         // and the second exchange keeps that alias as the original. (The
         // reduction branch of use_kernel_addresses exchanges a second time too;
         // OperandInfo::exchange_tensor checks for a first exchange only in
