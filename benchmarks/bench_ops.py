@@ -202,12 +202,18 @@ CASES: tuple[Case, ...] = (
     Case("logical_and", "aten::logical_and.out", two(mask), torch.logical_and),
     Case("bitwise_and", "aten::bitwise_and.Tensor_out", two(int32s), torch.bitwise_and),
     Case("where", "aten::where.self_out", lambda large: (mask(large), vec(large), vec(large)), torch.where),
+    # Operands of another dtype, cast to the common one: a Python number, an
+    # integer tensor, a bool mask.
+    Case("mul scalar", "aten::mul.out", one(vec), lambda a, **out: torch.mul(a, 0.5, **out)),
+    Case("add int+float", "aten::add.out", two(vec, int32s), torch.add),
+    Case("mul mask", "aten::mul.out", two(vec, mask), torch.mul),
     # Activations and their backward.
     Case("relu", "aten::relu", one(vec), torch.relu, large="alloc"),
     Case("gelu", "aten::gelu.out", one(vec), F.gelu, out=aten_out(aten.gelu.out)),
     Case("silu", "aten::silu.out", one(vec), F.silu, out=aten_out(aten.silu.out)),
     Case("leaky_relu", "aten::leaky_relu.out", one(vec), F.leaky_relu, out=aten_out(aten.leaky_relu.out, 0.01)),
     Case("hardtanh", "aten::hardtanh.out", one(vec), F.hardtanh, out=aten_out(aten.hardtanh.out, -1.0, 1.0)),
+    Case("dropout", "aten::native_dropout", one(vec), lambda a: F.dropout(a, 0.5), large="alloc", calls=1),
     Case("gelu_backward", "aten::gelu_backward.grad_input", two(vec), aten.gelu_backward,
          out=aten_out(aten.gelu_backward.grad_input, out_name="grad_input")),
     Case("silu_backward", "aten::silu_backward.grad_input", two(vec), aten.silu_backward,
