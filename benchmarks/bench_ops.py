@@ -391,10 +391,14 @@ def measure(case: Case, large: bool, repeat: int, calls: int) -> dict[str, Any]:
         # Pairs of adjacent batches, in alternating order (CPU first, then
         # openreg first), so that neither device always runs in the other's
         # wake (warm caches, a neighbour's load that comes and goes).
-        first, second = (cpu, dev) if i % 2 == 0 else (dev, cpu)
-        t_first, t_second = per_call(first, calls), per_call(second, calls)
-        cpu_t.append(t_first if i % 2 == 0 else t_second)
-        dev_t.append(t_second if i % 2 == 0 else t_first)
+        if i % 2 == 0:
+            c = per_call(cpu, calls)
+            d = per_call(dev, calls)
+        else:
+            d = per_call(dev, calls)
+            c = per_call(cpu, calls)
+        cpu_t.append(c)
+        dev_t.append(d)
     cpu_s, dev_s = statistics.median(cpu_t), statistics.median(dev_t)
     ratios = pair_ratios(cpu_t, dev_t)
     row = {"op": case.name, "aten": case.op, "size": "large" if large else "small",

@@ -119,10 +119,10 @@ namespace detail {
 void copy_bytes(void* to, const void* from, size_t count) {
 #if defined(__x86_64__)
   // Above the L2 cache's size glibc's memcpy leaves `rep movsb` for a vector
-  // loop that moves about 6% less per second than ATen's copy_ kernel on
-  // this project's machines (2-core AMD EPYC, 64 MiB); `rep movsb` moves as
-  // much as copy_ (benchmarks/bench_ops.py, copies and cat). It copies
-  // forwards only, so not onto an overlapping range above the source.
+  // loop that moved 5-6% less per second than ATen's copy_ kernel on this
+  // project's machine (2-core AMD EPYC, 64 MiB); `rep movsb` moved as much or
+  // more (docs/performance.md). It copies forwards only, so only between
+  // disjoint ranges here.
   static const bool erms = has_erms();
   constexpr size_t kRepMovsbMin = 512 * 1024;
   const auto dst = reinterpret_cast<uintptr_t>(to);
