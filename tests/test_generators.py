@@ -352,6 +352,41 @@ def test_dropout_draws_what_cpu_draws_for_the_same_seed():
     assert torch.equal(got[0].cpu(), expected[0]) and torch.equal(got[1].cpu(), expected[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64])
+def test_native_dropout_has_cpus_bits_and_strides(dtype):
+    # openreg applies the mask in one pass (csrc/aten/native/Dropout.cpp); CPU
+    # multiplies twice. Signed zeros, inf and NaN included.
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, -3.0, 1e-3, 7.5])
+    base = torch.cat([special, torch.randn(56)]).to(dtype)
+    layouts = [lambda t: t.reshape(8, 8), lambda t: t.reshape(8, 8).t(), lambda t: t.reshape(8, 8)[:, ::2],
+               lambda t: t.reshape(1, 4, 4, 4).contiguous(memory_format=torch.channels_last)]
+    for layout in layouts:
+        x, dx = layout(base), layout(base.to("openreg"))
+        for p, train in [(0.3, True), (0.0, True), (1.0, True), (0.5, False), (0.5, None)]:
+            torch.manual_seed(5)
+            expected = torch.native_dropout(x, p, train)
+            torch.manual_seed(5)
+            got = torch.native_dropout(dx, p, train)
+            for e, g in zip(expected, got):
+                assert g.stride() == e.stride() and g.dtype == e.dtype
+                bits = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
+                assert torch.equal(bits(g.cpu()), bits(e)), (dtype, x.stride(), p, train)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_native_dropout_backward_has_cpus_bits(dtype):
+    grad = torch.tensor([float("inf"), float("nan"), -0.0, -2.0, 3.0, 1e-4]).to(dtype)
+    mask = torch.tensor([True, False, True, False, True, True])
+    for g, m, scale in [(grad, mask, 1 / 0.7), (grad, mask, 0.0), (grad, mask, -2.0),
+                        (grad.view(6, 1).expand(6, 3), mask.view(6, 1), 2.0),  # broadcast
+                        (grad, mask.to(dtype), 1.5)]:  # a mask of another dtype
+        expected = torch.ops.aten.native_dropout_backward(g, m, scale)
+        got = torch.ops.aten.native_dropout_backward(g.to("openreg"), m.to("openreg"), scale)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(got.cpu().contiguous().view(torch.uint8), expected.contiguous().view(torch.uint8)), (
+            dtype, scale)
+
+
 def test_dropout_backward_scales_the_gradient_by_the_mask():
     x = torch.randn(50, device="openreg", requires_grad=True)
     y = torch.nn.functional.dropout(x, 0.25)

@@ -18,11 +18,6 @@
 //   when the output is not contiguous).
 // - prod: a reduction iterator over every dimension, prod_stub (the
 //   structured prod.int_out does the same over some).
-// - native_dropout, native_dropout_backward: what dropout calls on a
-//   PrivateUse1 tensor in training (Dropout.cpp: is_fused_kernel_acceptable).
-//   torch names them native_dropout_cpu and native_dropout_backward, but both
-//   are operators on tensors: a bool mask drawn by bernoulli_ (so from the
-//   device's generator here, with no Generator argument to pass), then mul.
 // - masked_fill_: torch names it masked_fill__cpu, but only its stub
 //   (masked_fill_stub) is CPU code. masked_fill is CompositeExplicitAutograd.
 //
@@ -62,8 +57,6 @@
 #include <ATen/ops/logical_or_native.h>
 #include <ATen/ops/logical_xor_native.h>
 #include <ATen/ops/masked_fill_native.h>
-#include <ATen/ops/native_dropout_backward_native.h>
-#include <ATen/ops/native_dropout_native.h>
 #include <ATen/ops/normal_native.h>
 #include <ATen/ops/prod_native.h>
 #include <ATen/ops/random_native.h>
@@ -131,14 +124,6 @@ at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
 
 at::Tensor prod(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
   return at::native::prod(self, dtype);
-}
-
-std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
-  return at::native::native_dropout_cpu(input, p, train);
-}
-
-at::Tensor native_dropout_backward(const at::Tensor& grad_output, const at::Tensor& mask, double scale) {
-  return at::native::native_dropout_backward(grad_output, mask, scale);
 }
 
 at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
