@@ -187,6 +187,31 @@ def test_bmm_and_baddbmm_are_cpus_bit_for_bit(shape, dtype):
         same_as_cpu(lambda c, p, q: torch.baddbmm(c, p, q, beta=0), bias, xx, yy)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_baddbmm_on_cpus_kernel_out_in_place_and_conjugates(dtype):
+    """Products too large for the small loops run CPU's impl after openreg's
+    meta() copied self into out: out= of another layout, in-place with NaN and
+    beta=0 (self is ignored), conjugate operands and output."""
+    g = torch.Generator().manual_seed(7)
+    x, y, c = ((torch.randn(*s, generator=g) * 4).to(dtype) for s in ((3, 9, 8), (3, 8, 10), (3, 9, 10)))
+    out_t = torch.full((3, 10, 9), 5.0, dtype=dtype).transpose(1, 2)
+    actual = on(out_t)
+    torch.baddbmm(on(c), on(x), on(y), beta=2, alpha=0.5, out=actual)
+    expected = torch.baddbmm(c, x, y, beta=2, alpha=0.5, out=out_t.clone())
+    assert actual.stride() == expected.stride() and torch.equal(actual.cpu(), expected)
+    nan = torch.full_like(c, float("nan"))
+    actual, expected = on(nan), nan.clone()
+    actual.baddbmm_(on(x), on(y), beta=0)
+    assert torch.equal(actual.cpu(), expected.baddbmm_(x, y, beta=0))
+    if dtype.is_complex:
+        same_as_cpu(lambda a, p, q: torch.baddbmm(a.conj(), p.conj(), q), c, x, y)
+        expected = c.clone().conj()
+        actual = on(c).conj()
+        actual.baddbmm_(on(x), on(y).conj(), alpha=2)
+        expected.baddbmm_(x, y.conj(), alpha=2)
+        assert actual.is_conj() and torch.equal(actual.resolve_conj().cpu(), expected.resolve_conj())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_bmm_runs_cpus_kernel(dtype):
     x, y = torch.randn(2, 3, 4).to(dtype), torch.randn(2, 4, 5).to(dtype)
