@@ -246,6 +246,31 @@ def test_device_memory_setting_sets_capacity_and_oom_threshold():
     assert result.stdout.split() == [str(64 * MiB), "OOM", "True", str(40 * MiB)]
 
 
+def test_large_allocations_are_staggered_without_losing_capacity():
+    # The runtime starts a large allocation 64 KiB behind the one before it
+    # (kernels ran slower on operands exactly a power of two apart); the gap
+    # stays free, so the whole capacity remains usable.
+    result = run_python(
+        """
+        import torch
+        MiB = 1 << 20
+        a = torch.empty(16 * MiB, dtype=torch.uint8, device="openreg")
+        b = torch.empty(16 * MiB, dtype=torch.uint8, device="openreg")
+        print(b.data_ptr() - a.data_ptr(), torch.openreg.mem_get_info()[0])
+        small = torch.empty(16, device="openreg")  # a 2 MiB small-pool segment
+        print(small.data_ptr() - b.data_ptr())
+        del a, b, small
+        torch.openreg.empty_cache()
+        halves = [torch.empty(32 * MiB, dtype=torch.uint8, device="openreg") for _ in range(2)]
+        print(halves[1].data_ptr() - halves[0].data_ptr(), torch.openreg.mem_get_info()[0])
+        """,
+        env={"OPENREG_DEVICE_MEMORY": "64M"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines == [[str(16 * MiB + 64 * 1024), str(32 * MiB)], [str(16 * MiB + 64 * 1024)], [str(32 * MiB), "0"]]
+
+
 @pytest.mark.parametrize("value", ["lots", "0", "12Q", "-1G", "2T"])
 def test_malformed_device_memory_setting_is_a_clear_error(value):
     result = run_python("import torch", env={"OPENREG_DEVICE_MEMORY": value})
