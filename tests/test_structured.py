@@ -176,6 +176,52 @@ def test_promoted_device_inputs_of_every_layout_match_cpu(numel):
         assert_same(dg, g.add_(i))
 
 
+PLAIN_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, 1 / 3, 100.0, -128.0, 255.0, 65504.0, 65520.0, 1e-8, 3e38,
+           2.0**24 + 1, 2.0**53 + 1, -(2.0**40) - 3, float("nan"), float("inf"), float("-inf"), 7.0]
+
+
+def bits(t):
+    """The tensor's bytes as integers: NaN payloads and -0.0 compare exactly."""
+    t = t.cpu().contiguous()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.view(torch.uint8) if t.dtype == torch.bool else t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+                                                                      8: torch.int64}[t.element_size()])
+
+
+def special_values(dtype):
+    """SPECIAL as dtype (CPU's conversion; out-of-range values convert as CPU converts them)."""
+    values = torch.tensor(SPECIAL, dtype=torch.float64)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        values = values.nan_to_num(0.0, 0.0, 0.0).clamp(-(2.0**62), 2.0**62).to(torch.int64)
+    return values.to(dtype)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "expanded"])
+def test_promoting_casts_give_cpus_bits_for_every_dtype_pair(layout):
+    # Small dense inputs are cast in one loop (CpuStub.cpp, cast_dense), others
+    # through to(); both must give the bits CPU's own cast gives.
+    shape = {"contiguous": lambda t: t, "transposed": lambda t: t.reshape(4, 5).t(),
+             "expanded": lambda t: t[:1].expand(20)}[layout]
+    for first in PLAIN_DTYPES:
+        a = special_values(first)
+        for second in PLAIN_DTYPES:
+            if second == first:
+                continue
+            b = special_values(second).flip(0)
+            expected = torch.add(shape(a), shape(b))
+            actual = torch.add(shape(a.to(DEV)), shape(b.to(DEV)))
+            assert actual.dtype == expected.dtype and actual.stride() == expected.stride(), (first, second)
+            assert torch.equal(bits(actual), bits(expected)), (first, second)
+        # A Python number and a 0-dim CPU tensor, cast to the tensor's dtype.
+        for other in (2.5, 1 / 3, 70000.0, torch.tensor(-0.1, dtype=torch.float64)):
+            if first == torch.bool:
+                continue
+            assert torch.equal(bits(torch.mul(shape(a.to(DEV)), other)), bits(torch.mul(shape(a), other))), first
+
+
 def test_reduced_float_scalar_operand_on_the_device_matches_cpu():
     # bf16/fp16 binary kernels read a scalar operand's value in its own dtype
     # (original_scalar_value); a 0-dim float32 openreg tensor is such an operand.
