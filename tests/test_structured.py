@@ -222,6 +222,54 @@ def test_promoting_casts_give_cpus_bits_for_every_dtype_pair(layout):
             assert torch.equal(bits(torch.mul(shape(a.to(DEV)), other)), bits(torch.mul(shape(a), other))), first
 
 
+@pytest.mark.parametrize("dtype", PLAIN_DTYPES + [torch.complex32, torch.uint16])
+def test_fill_gives_cpus_bits_for_every_dtype_and_layout(dtype):
+    # Small dense tensors are filled directly (Fill.cpp, fill_dense); others,
+    # and other dtypes, through CPU's fill kernel.
+    layouts = {
+        "contiguous": lambda t: t[:16],
+        "channels_last": lambda t: t[:16].reshape(1, 2, 2, 4).contiguous(memory_format=torch.channels_last),
+        "transposed": lambda t: t[:16].reshape(4, 4).t(),
+        "strided": lambda t: t[::3],
+        "one": lambda t: t[:1],
+        "empty": lambda t: t[:0],
+        "large": lambda t: t,
+    }
+    values = [2.5, -0.0, float("nan"), float("inf"), 1 / 3, 7, True, 70000.0, -1]
+    if dtype.is_complex:
+        values.append(1 - 2j)
+    for name, layout in layouts.items():
+        for value in values:
+            if dtype == torch.uint16 and value in (-1, -0.0, 2.5, 1 / 3) or dtype == torch.complex32 and value == 70000.0:
+                continue
+            base = torch.zeros(40000, dtype=dtype)
+            expected, actual = layout(base), layout(base.to(DEV))
+            try:
+                expected.fill_(value)
+            except RuntimeError as error:  # a value the dtype cannot hold: the same error
+                with pytest.raises(RuntimeError, match=str(error).split(" without")[0]):
+                    actual.fill_(value)
+                continue
+            actual.fill_(value)
+            assert actual.stride() == expected.stride()
+            if dtype in (torch.complex32, torch.uint16):
+                assert torch.equal(actual.cpu().contiguous().view(torch.int16),
+                                   expected.contiguous().view(torch.int16)), (name, value)
+            else:
+                assert torch.equal(bits(actual), bits(expected)), (name, value)
+    with pytest.raises(RuntimeError, match="value cannot be converted to type int8_t without overflow"):
+        torch.zeros(4, dtype=torch.int8, device=DEV).fill_(1000)
+    # Conjugate and negative views write the conjugate, the negation.
+    if dtype in (torch.complex64, torch.complex128):
+        base = torch.zeros(4, dtype=dtype, device=DEV)
+        base.conj().fill_(1 - 2j)
+        assert base.cpu().tolist() == [1 + 2j] * 4
+    if dtype in (torch.float32, torch.float64):
+        base = torch.zeros(4, dtype=dtype, device=DEV)
+        base._neg_view().fill_(3)
+        assert base.cpu().tolist() == [-3.0] * 4
+
+
 def test_reduced_float_scalar_operand_on_the_device_matches_cpu():
     # bf16/fp16 binary kernels read a scalar operand's value in its own dtype
     # (original_scalar_value); a 0-dim float32 openreg tensor is such an operand.

@@ -44,18 +44,6 @@ at::Tensor cast_over_reach(const at::Tensor& t, at::ScalarType dtype) {
   return t.as_strided({reach(t)}, {1}).to(dtype).as_strided(t.sizes(), t.strides());
 }
 
-// The dtypes cast_dense converts between (its dispatch's).
-bool plain_dtype(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
-    case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
-    case at::kComplexFloat: case at::kComplexDouble:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // A dense t (its elements fill one block of memory, in some order) cast to
 // `dtype` into CPU memory with t's strides: one conversion loop over the
 // block, with c10::convert, the conversion CPU's copy_ kernel applies. CPU's
@@ -251,6 +239,17 @@ void AsCpuIterator::write_back() {
     output.copy_(promoted);
   }
   outputs_.clear();
+}
+
+bool plain_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong: case at::kBool:
+    case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
 }
 
 } // namespace openreg::native

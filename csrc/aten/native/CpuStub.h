@@ -69,6 +69,10 @@ class AsCpuIterator {
 // after the work queued on the current stream.
 void use_kernel_addresses(at::TensorIteratorBase& iter);
 
+// The dtypes of AT_ALL_TYPES_AND_COMPLEX, bool, half and bfloat16: those the
+// direct loops here (casts, fills) dispatch over.
+bool plain_dtype(at::ScalarType dtype);
+
 // Called by the generated structured wrappers between meta() and impl()
 // (codegen STRUCTURED_PREPARE). Some CPU impls call their CPU kernel directly
 // rather than through the stub (gelu_out_cpu: GeluKernel(kCPU, ...)), so an

@@ -1,19 +1,60 @@
 // fill_.Scalar (and so ones_like, full, ...): torch's own native fill_
 // is device-generic; it builds a nullary TensorIterator and calls fill_stub,
 // whose openreg kernel is torch's CPU one (`cpu_kernel: true` in the yaml).
+// Small dense tensors are filled here directly.
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/fill_native.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/native/CpuStub.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
 
+namespace {
+
+// A small dense tensor (its elements fill one block of memory) filled with
+// std::fill_n of `value.to<scalar_t>()`, the value CPU's fill kernel writes
+// (with the same error for a value the dtype cannot hold). Building the
+// iterator CPU's fill_ builds cost about 0.1 us more than CPU's whole fill_
+// on 16 elements. False (nothing done) for other tensors; `self` has a
+// plain_dtype.
+bool fill_dense(at::Tensor& self, const at::Scalar& value) {
+  const int64_t n = self.numel();
+  if (n == 0 || n >= at::internal::GRAIN_SIZE || !self.is_non_overlapping_and_dense() || self.is_conj() ||
+      self.is_neg()) {
+    return false;
+  }
+  AT_DISPATCH_V2(
+      self.scalar_type(), "openreg_fill", AT_WRAP([&] {
+        scalar_t element;
+        if constexpr (std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>) {
+          // CPU fills one element without an iterator (at::detail::scalar_fill),
+          // which lets a value out of half's or bfloat16's range become inf.
+          element = n == 1 ? static_cast<scalar_t>(value.to<double>()) : value.to<scalar_t>();
+        } else {
+          element = value.to<scalar_t>();
+        }
+        join_current_stream(self.device().index());
+        std::fill_n(static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr())), n, element);
+      }),
+      AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
+  return true;
+}
+
+} // namespace
+
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  if (plain_dtype(self.scalar_type()) && fill_dense(self, value)) {
+    return self;
+  }
   return at::native::fill_(self, value);
 }
 
