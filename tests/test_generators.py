@@ -267,6 +267,45 @@ def test_randperm_out_resizes_and_draws_cpus_permutation(dtype):
         assert torch.equal(out.cpu(), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_randperm_shuffles_strided_outs_and_explicit_generators_as_cpu(dtype):
+    # int64 and int32 outs are shuffled on the device by openreg's own loop
+    # (randperm_fill), which must give CPU's permutation for every n, every
+    # stride, and from an explicit generator's state.
+    for n in [1, 2, 3, 16, 40000]:
+        for step in [1, 3]:
+            torch.manual_seed(n)
+            cpu_base = torch.full((n * step,), -1, dtype=dtype)
+            torch.randperm(n, dtype=dtype, out=cpu_base[::step])
+            torch.manual_seed(n)
+            base = torch.full((n * step,), -1, dtype=dtype, device="openreg")
+            out = base[::step]
+            assert torch.randperm(n, dtype=dtype, out=out) is out
+            assert torch.equal(base.cpu(), cpu_base)  # the gaps stay untouched
+    cpu_generator = torch.Generator().manual_seed(3)
+    generator = seeded(3)
+    for _ in range(2):  # the second draw shows the state moved on as CPU's did
+        expected = torch.randperm(50, dtype=dtype, generator=cpu_generator)
+        assert torch.equal(torch.randperm(50, dtype=dtype, device="openreg", generator=generator).cpu(), expected)
+
+
+def test_randperm_of_int64_and_int32_skips_cpus_kernel():
+    # The profiler shows CPU's kernel by the resize_ calls it makes on the
+    # host alias; openreg's loop makes none. (The first call also runs CPU's
+    # kernel once, to check that the loop gives its permutation.)
+    from torch.profiler import ProfilerActivity, profile
+
+    def ops(dtype):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.randperm(16, dtype=dtype, device="openreg")
+        return [event.name for event in prof.events()]
+
+    ops(torch.int64)
+    assert "aten::resize_" not in ops(torch.int64)
+    assert "aten::resize_" not in ops(torch.int32)
+    assert "aten::resize_" in ops(torch.float32)
+
+
 def test_randperm_bad_arguments_raise_cpus_errors():
     calls = [
         lambda d: torch.randperm(-1, device=d),

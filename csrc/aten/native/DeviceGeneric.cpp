@@ -34,11 +34,12 @@
 //   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
 //   contiguous floating-point elements, and bernoulli_ of a contiguous tensor
 //   where CPU's kernel is the template, fill them on kernel addresses instead
-//   (normal_fill, bernoulli_fill, Random.cpp); randperm.generator_out runs
-//   CPU's randperm_out_cpu on a host alias of `out`. These kernels run the
-//   CPU kernels with the CPU generator of the openreg generator (or of the
-//   device's default one), as HostCall does for `cpu_kernels`, so the stream
-//   of numbers is CPU's for the same seed.
+//   (normal_fill, bernoulli_fill, Random.cpp); randperm.generator_out
+//   shuffles an int64 or int32 `out` as CPU's kernel does (randperm_fill) and
+//   runs CPU's randperm_out_cpu on a host alias of other ones. These kernels
+//   run the CPU kernels with the CPU generator of the openreg generator (or
+//   of the device's default one), as HostCall does for `cpu_kernels`, so the
+//   stream of numbers is CPU's for the same seed.
 //
 // where_kernel and masked_fill_stub take a bool condition or mask next to
 // operands of another dtype, and their iterators do not promote inputs. On a
@@ -215,14 +216,20 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
   });
 }
 
-// randperm.generator_out: CPU's randperm_out_cpu (its checks, then the
-// shuffle) on a host alias of `out`, drawing from the openreg generator's CPU
-// state. `out` gets its size on the device first, so the alias is never
-// resized; a negative n reaches CPU's check before that.
+// randperm.generator_out, drawing from the openreg generator's CPU state.
+// `out` gets its size on the device first; an int64 or int32 `out` is then
+// shuffled in place as CPU's kernel does (randperm_fill), which spares two
+// resize_ calls and a host alias. Other dtypes, and a negative n, which
+// reaches CPU's check, take CPU's randperm_out_cpu (its checks, then the
+// shuffle) on a host alias of `out`, which it never needs to resize.
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::Tensor& out) {
   const at::Generator& cpu = prepare_draws(out, generator, "aten::randperm");
   if (n >= 0 && (out.dim() != 1 || out.size(0) != n)) {
     out.resize_({n});
+  }
+  if (randperm_fill_applies(out, n)) {
+    randperm_fill(out, n, cpu.get<at::CPUGeneratorImpl>());
+    return out;
   }
   ScopedHostAlias alias(out);
   at::native::randperm_out_cpu(n, cpu, alias.get());

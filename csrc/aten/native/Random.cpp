@@ -33,6 +33,8 @@
 #define CPU_CAPABILITY_DEFAULT
 
 #include <cstring>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -41,6 +43,7 @@
 #include <ATen/native/UnaryOps.h>
 #include <ATen/ops/bernoulli_native.h>
 #include <ATen/ops/normal_native.h>
+#include <ATen/ops/randperm_native.h>
 #include <ATen/native/cpu/DistributionTemplates.h>
 
 #include "OpenRegNativeFunctions.h"
@@ -117,6 +120,22 @@ bool fills_like_cpu(const CpuKernel& cpu_kernel, const Fill& fill) {
   const at::Generator generator = at::detail::createCPUGenerator(kSeed);
   fill(ours.data(), kSize, generator.get<at::CPUGeneratorImpl>());
   return std::memcmp(ours.data(), cpu.const_data_ptr(), sizeof(scalar_t) * kSize) == 0;
+}
+
+// randperm(n) into out[0], out[stride], ...: the identity, then a
+// Fisher-Yates shuffle drawing one 32-bit random() per position, under the
+// generator's lock. This is what CPU's kernel does for n below 2^32 / 20
+// (randperm_fill_applies checks that it gives CPU's permutation).
+template <typename scalar_t>
+void fill_randperm(scalar_t* out, int64_t n, int64_t stride, at::CPUGeneratorImpl* generator) {
+  std::lock_guard<std::mutex> lock(generator->mutex_);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i * stride] = static_cast<scalar_t>(i);
+  }
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const int64_t z = static_cast<int64_t>(generator->random()) % (n - i);
+    std::swap(out[i * stride], out[(z + i) * stride]);
+  }
 }
 
 // The transform CPU's normal_ kernel applies to float lanes on this machine.
@@ -273,6 +292,22 @@ bool bernoulli_fill_applies(const at::Tensor& self) {
 void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
     fill_bernoulli(kernel_data<scalar_t>(self), self.numel(), p, generator);
+  });
+}
+
+bool randperm_fill_applies(const at::Tensor& out, int64_t n) {
+  // Larger n take CPU's other shuffle (random64, no initialization pass).
+  constexpr int64_t kSmallShuffle = std::numeric_limits<uint32_t>::max() / 20;
+  static const bool cpu_shuffles_so = fills_like_cpu<int64_t>(
+      [](at::Tensor& t, const at::Generator& g) { at::native::randperm_out_cpu(t.numel(), g, t); },
+      [](int64_t* data, int64_t size, at::CPUGeneratorImpl* g) { fill_randperm(data, size, 1, g); });
+  return (out.scalar_type() == at::kLong || out.scalar_type() == at::kInt) && out.dim() == 1 &&
+      out.size(0) == n && n > 0 && n < kSmallShuffle && cpu_shuffles_so;
+}
+
+void randperm_fill(const at::Tensor& out, int64_t n, at::CPUGeneratorImpl* generator) {
+  AT_DISPATCH_INDEX_TYPES(out.scalar_type(), "randperm", [&] {
+    fill_randperm(kernel_data<index_t>(out), n, out.stride(0), generator);
   });
 }
 

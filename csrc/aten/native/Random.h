@@ -25,6 +25,16 @@ bool bernoulli_fill_applies(const at::Tensor& self);
 // bernoulli_(p) of `self`, p in [0, 1]: as uniform_fill.
 void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator);
 
+// Whether randperm_fill applies: `out` is a 1-dim int64 or int32 tensor of
+// n > 0 elements (any stride), n is below the size where CPU's kernel
+// switches to its other shuffle, and CPU's kernel shuffles as randperm_fill
+// does (checked once).
+bool randperm_fill_applies(const at::Tensor& out, int64_t n);
+
+// randperm(n) into `out`: CPU's permutation for `generator` (whose lock it
+// takes), written on kernel addresses. The caller joined the current stream.
+void randperm_fill(const at::Tensor& out, int64_t n, at::CPUGeneratorImpl* generator);
+
 // Whether normal_fill computes, for `self`, what CPU's normal_ kernel would
 // for a CPU tensor like it: a float, double, half or bfloat16 tensor of 16 or
 // more contiguous elements, on a machine whose CPU kernel normal_fill knows.
