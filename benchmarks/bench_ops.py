@@ -56,7 +56,11 @@ from torch_openreg import info  # also registers the device when autoload is off
 from torch_openreg.openreg import diagnostics
 
 DEV = "openreg"
-SMALL_CALLS = 2000  # calls per timed batch on small inputs
+SMALL_CALLS = 200  # calls per timed batch on small inputs (0.3-1 ms)
+# Pairs of batches per case. Small inputs take many short pairs: a burst of a
+# neighbour's load then spoils few of them, and their median moves less
+# between runs (docs/performance.md, Measuring).
+REPEAT = {"small": 111, "large": 11}
 CALL_KINDS = ("fn", "out=", "alloc", "in-place")
 COPY_KINDS = {"h2d": (False, True), "d2h": (True, False), "d2d": (True, True)}  # (src, dst) on openreg
 
@@ -481,8 +485,9 @@ def print_summary(summary: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="FILE", help="also write the rows and the summary to FILE")
-    parser.add_argument("--repeat", type=int, default=11,
-                        help="timed pairs of batches (one batch per device); the median is kept")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed pairs of batches (one batch per device); the median is kept "
+                             f"(default {REPEAT['small']} small, {REPEAT['large']} large)")
     parser.add_argument("--placements", type=int, default=3,
                         help="fresh sets of arguments per case, alive together; the pairs take turns on them")
     parser.add_argument("--size", choices=("small", "large", "both"), default="both")
@@ -490,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls-scale", type=float, default=1.0, metavar="F",
                         help=f"multiply the calls per batch ({SMALL_CALLS} small, 1-3 large), e.g. 0.01 for a smoke test")
     args = parser.parse_args(argv)
-    if args.repeat < 1 or args.placements < 1 or args.calls_scale <= 0:
+    if (args.repeat is not None and args.repeat < 1) or args.placements < 1 or args.calls_scale <= 0:
         parser.error("--repeat and --placements must be at least 1, --calls-scale positive")
     wanted = [s.strip() for s in args.only.split(",")] if args.only else None
     cases = [c for c in CASES if wanted is None or any(w in c.name for w in wanted)]
@@ -500,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
 
     bound = info.bindings()
     labels = {c.name: info.classify(c.op, bound).category for c in cases}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeat {args.repeat}, "
+    repeat = {size: args.repeat or REPEAT[size] for size in REPEAT}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"repeat {repeat['small']} small / {repeat['large']} large, "
           f"placements {args.placements}, calls x{args.calls_scale:g}; ratio = openreg / CPU")
     print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio", "q1-q3",
                      "  GB/s cpu / openreg"))
@@ -508,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     for large in sizes:
         for case in cases:
             calls = max(1, round((case.calls if large else SMALL_CALLS) * args.calls_scale))
-            row = measure(case, large, args.repeat, calls, args.placements)
+            row = measure(case, large, repeat["large" if large else "small"], calls, args.placements)
             row["label"] = labels[case.name]
             rows.append(row)
             print_row(row)
@@ -519,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note:", n)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "repeat": args.repeat,
+            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "repeat": repeat,
                        "placements": args.placements,
                        "calls_scale": args.calls_scale, "rows": rows, "summary": summary, "notes": notes},
                       f, indent=1)

@@ -324,8 +324,9 @@ def test_max_of_empty_dim_raises_like_cpu():
 
 
 # Reductions whose stub kernel gives CPU's kernel host aliases of the
-# iterator's output (always) and inputs (from GRAIN_SIZE elements, where CPU's
-# parallel paths build iterators of their own from the tensors).
+# iterator's operands from GRAIN_SIZE elements, where CPU's parallel paths
+# build iterators of their own from the tensors; below that CPU's kernel runs
+# on the openreg tensors' kernel addresses.
 FULL_REDUCTIONS = {
     "sum": torch.sum,
     "amax": torch.amax,
@@ -359,6 +360,28 @@ def test_reductions_below_and_above_cpus_parallel_threshold_match_cpu(name, dtyp
                     assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-3)  # summation order
                 else:
                     assert_same(got, expected)
+
+
+@pytest.mark.parametrize("name", ["sum", "prod", "amax", "amin", "any", "all", "argmax", "argmin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_small_reductions_into_strided_outs_match_cpu(name, dtype):
+    # Below GRAIN_SIZE the output stays an openreg tensor: CPU's kernel fills
+    # it with the identity through openreg's fill_, then writes through the
+    # iterator's pointers. A strided out= view must get CPU's values, and the
+    # elements between its own must keep theirs.
+    fn = getattr(torch, name)
+    a = (torch.randn(5, 6) * 4).to(dtype)
+    for t, dim in [(a, 0), (a.t(), 1), (a, 1)]:
+        try:
+            expected = fn(t, dim)
+        except RuntimeError:  # argmax/argmin, prod of bool: as CPU (tested above)
+            continue
+        cpu_base = torch.full((expected.numel() * 3,), 5, dtype=expected.dtype)
+        fn(t, dim, out=cpu_base[1::3])
+        base = cpu_base.new_full(cpu_base.shape, 5).to(DEV)
+        out = base[1::3]
+        assert fn(t.to(DEV), dim, out=out) is out
+        assert_same(base, cpu_base)
 
 
 def test_a_reduction_leaves_its_operands_on_the_device():

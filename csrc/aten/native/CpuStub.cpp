@@ -114,16 +114,17 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
   return dense ? at::Tensor(t).to(dtype) : cast_over_reach(at::Tensor(t), dtype);
 }
 
-// Points every operand at kernel addresses and gives reduction operands on
+// Points every operand at kernel addresses and, when a reduction iterator is
+// large enough for CPU's parallel paths (TensorIteratorReduce.cpp: two-pass
+// and per-thread reductions, from GRAIN_SIZE elements), gives its operands on
 // openreg to `exchange(op, arg)`, which gives the CPU kernel host aliases as
-// their tensors:
-// - outputs always: reduction kernels call tensor methods on them
-//   (`iter.output_base().fill_(0)`), which would dispatch to openreg again;
-// - inputs when the iterator is large enough for CPU's parallel paths
-//   (TensorIteratorReduce.cpp: two-pass and per-thread reductions, from
-//   GRAIN_SIZE elements), which build new iterators from the tensors and
-//   would read device addresses. Below that, kernels read inputs through the
-//   iterator's data pointers only.
+// their tensors: those paths build new iterators from the tensors (and
+// allocate per-thread buffers like the output) and would read device
+// addresses. Below that, the reduction kernels bound here (sum, prod, and,
+// or, argmax, argmin, max_values, min_values) read and write through the
+// iterator's data pointers only; the one tensor method they call,
+// `iter.output_base().fill_(identity)`, runs openreg's fill_ on the output,
+// which costs less than a host alias and CPU's fill_ (docs/performance.md).
 // Translating twice (a structured wrapper's prepare_structured_impl, then the
 // stub kernel impl() reached) changes nothing.
 template <class Exchange>
@@ -139,7 +140,7 @@ void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
       op.data = kernel_address;
       on_device = true;
     }
-    if (reduction && (op.is_output || large) && op.tensor_base().defined() &&
+    if (large && op.tensor_base().defined() &&
         op.tensor_base().device().is_privateuseone() && op.tensor_base().scalar_type() == op.current_dtype) {
       exchange(op, arg);
       on_device = true;

@@ -32,12 +32,13 @@ namespace openreg::native {
 // write_back() copies into the caller's tensor. Iterators without a common
 // dtype keep their dtypes. Every operand then points at kernel addresses.
 //
-// A reduction's CPU kernel calls tensor methods on the iterator's operands
-// (`iter.output_base().fill_(0)`) and builds iterators of its own over them
-// (the two-pass and per-thread paths of TensorIteratorReduce.cpp), so those
-// operands are exchanged for host aliases for the length of the kernel:
-// recycled ones (operand_alias), given back to the iterator and ended by
-// write_back() or, if the kernel threw, the destructor.
+// On a reduction of GRAIN_SIZE elements or more, CPU's kernel builds
+// iterators of its own over the operands (the two-pass and per-thread paths
+// of TensorIteratorReduce.cpp), so those operands are exchanged for host
+// aliases for the length of the kernel: recycled ones (operand_alias), given
+// back to the iterator and ended by write_back() or, if the kernel threw, the
+// destructor. Smaller reductions keep their openreg tensors (CpuStub.cpp,
+// translate).
 class AsCpuIterator {
  public:
   explicit AsCpuIterator(at::TensorIteratorBase& iter);
