@@ -59,8 +59,9 @@ DEV = "openreg"
 SMALL_CALLS = 200  # calls per timed batch on small inputs (0.3-1 ms)
 # Pairs of batches per case. Small inputs take many short pairs: a burst of a
 # neighbour's load then spoils few of them, and their median moves less
-# between runs (docs/performance.md, Measuring).
-REPEAT = {"small": 111, "large": 11}
+# between runs (docs/performance.md, Measuring). Large ones, whose batches are
+# 1-3 calls of up to 0.4 s, take 21 (about 9 minutes in all).
+REPEAT = {"small": 111, "large": 21}
 CALL_KINDS = ("fn", "out=", "alloc", "in-place")
 COPY_KINDS = {"h2d": (False, True), "d2h": (True, False), "d2d": (True, True)}  # (src, dst) on openreg
 
