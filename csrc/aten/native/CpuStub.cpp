@@ -129,8 +129,7 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 // stub kernel impl() reached) changes nothing.
 template <class Exchange>
 void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
-  const bool reduction = IteratorAccess::is_reduction(iter);
-  const bool large = reduction && iter.numel() >= at::internal::GRAIN_SIZE;
+  const bool large = IteratorAccess::is_reduction(iter) && iter.numel() >= at::internal::GRAIN_SIZE;
   bool on_device = false;
   for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(iter, arg);

@@ -298,11 +298,15 @@ void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* gene
 bool randperm_fill_applies(const at::Tensor& out, int64_t n) {
   // Larger n take CPU's other shuffle (random64, no initialization pass).
   constexpr int64_t kSmallShuffle = std::numeric_limits<uint32_t>::max() / 20;
-  static const bool cpu_shuffles_so = fills_like_cpu<int64_t>(
-      [](at::Tensor& t, const at::Generator& g) { at::native::randperm_out_cpu(t.numel(), g, t); },
-      [](int64_t* data, int64_t size, at::CPUGeneratorImpl* g) { fill_randperm(data, size, 1, g); });
+  // Checked on the first call the loop would take, not on every randperm.
+  auto cpu_shuffles_so = [] {
+    static const bool same = fills_like_cpu<int64_t>(
+        [](at::Tensor& t, const at::Generator& g) { at::native::randperm_out_cpu(t.numel(), g, t); },
+        [](int64_t* data, int64_t size, at::CPUGeneratorImpl* g) { fill_randperm(data, size, 1, g); });
+    return same;
+  };
   return (out.scalar_type() == at::kLong || out.scalar_type() == at::kInt) && out.dim() == 1 &&
-      out.size(0) == n && n > 0 && n < kSmallShuffle && cpu_shuffles_so;
+      out.size(0) == n && n > 0 && n < kSmallShuffle && cpu_shuffles_so();
 }
 
 void randperm_fill(const at::Tensor& out, int64_t n, at::CPUGeneratorImpl* generator) {
