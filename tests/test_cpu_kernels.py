@@ -62,6 +62,7 @@ REACHES = {
     "masked_fill": "masked_fill_",  # CompositeExplicitAutograd: clone, then masked_fill_
     "index_put": "_index_put_impl_",
     "__getitem__": "index",
+    "nn.functional.nll_loss": "nll_loss_forward",
 }
 ROOTS = {name.split(".")[0] for name in [*BOUND, *GENERIC]}
 
@@ -134,6 +135,9 @@ def test_bound_roots_have_opinfo_samples_or_are_listed_here():
         "cumsum_", "addmm_", "baddbmm_", "scatter_", "scatter_add_", "scatter_reduce_", "index_put_",
         "hardtanh_", "relu_", "index_add_", "index_copy_", "index_fill_", "masked_scatter_",
         "_index_put_impl_",
+        # nn.functional.nll_loss's samples of more than two dimensions, and the
+        # gradients of its samples (test_gradients_match_cpu).
+        "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward",
     }
     missing = ROOTS - covered - elsewhere
     assert missing == set()

@@ -1,4 +1,5 @@
-// Views and tensor geometry: as_strided, view, _reshape_alias, resize_, set_.
+// Views and tensor geometry: as_strided, view, _reshape_alias, resize_, set_,
+// and which tensors may take each other's geometry (set_data).
 // Views only touch metadata, so ATen's device-generic implementations serve;
 // resize_ and set_ may grow a storage, which must go through the openreg
 // allocator and runtime memcpy rather than resize_bytes_cpu's host memcpy.
@@ -107,6 +108,31 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 at::Tensor& set_empty(at::Tensor& self) {
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, device_allocator(), /*resizable=*/true);
   return set_storage(self, std::move(empty), 0, {0}, {});
+}
+
+// `param.data = t` (VariableHooks::set_data) and Module._apply, which keeps a
+// module's Parameter objects only where this is true, ask it through the
+// dispatcher. c10's TensorImpl::has_compatible_shallow_copy_type lets dense
+// tensors of CPU, CUDA and the other in-tree backends exchange metadata but
+// leaves PrivateUse1 out and points backends at this operator: without it,
+// `module.to("openreg")` replaces every Parameter (tied weights come untied,
+// lazy modules lose their UninitializedParameter, optimizers keep the old
+// objects). Openreg memory is dense memory like theirs, so it joins c10's list.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  const auto is_dense = [](c10::DispatchKeySet keys) {
+    constexpr auto dense_backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit,
+         c10::BackendComponent::CUDABit,
+         c10::BackendComponent::MPSBit,
+         c10::BackendComponent::HIPBit,
+         c10::BackendComponent::XPUBit,
+         c10::BackendComponent::HPUBit,
+         c10::BackendComponent::MTIABit,
+         c10::BackendComponent::PrivateUse1Bit});
+    return keys.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && keys.has_any(dense_backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+      (is_dense(self.key_set()) && is_dense(from.key_set()));
 }
 
 } // namespace openreg::native
