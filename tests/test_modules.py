@@ -119,6 +119,15 @@ def tolerance(module_info) -> tuple[float, float]:
     return atol, rtol
 
 
+def reseed(value=SEED):
+    """What torch.manual_seed does for the CPU and openreg generators, without
+    its deferred seeding of the uninitialised CUDA, XPU and MTIA generators
+    (torch.cuda._lazy_call formats the Python stack each time: called for
+    every module and forward, that was most of this file's run time)."""
+    torch.default_generator.manual_seed(value)
+    torch.openreg.manual_seed_all(value)
+
+
 def outcome(fn, *args):
     """(fn(*args), None) or (None, the exception it raised)."""
     try:
@@ -148,7 +157,7 @@ def fresh_inputs(function_input, device):
 def construct(module_info, sample, seed=SEED):
     """The sample's module on the CPU; its constructor arguments are copied
     (a module may keep a tensor it was given)."""
-    torch.manual_seed(seed)
+    reseed(seed)
     args, kwargs = copy.deepcopy((sample.constructor_input.args, sample.constructor_input.kwargs))
     return module_info.module_cls(*args, **kwargs)
 
@@ -187,7 +196,7 @@ def grad_leaves(args, kwargs):
 
 
 def forward(module, args, kwargs):
-    torch.manual_seed(SEED)  # dropout, RReLU, FractionalMaxPool draw from the device's generator
+    reseed()  # dropout, RReLU, FractionalMaxPool draw from the device's generator
     with torch.no_grad():
         return module(*args, **kwargs)
 
@@ -196,7 +205,7 @@ def forward_backward(module, args, kwargs):
     """What a training step computes: outputs, gradients (for output
     gradients drawn from a CPU generator, the same on every device) and the
     buffers it updates."""
-    torch.manual_seed(SEED)
+    reseed()
     output = module(*args, **kwargs)
     outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
     generator = torch.Generator().manual_seed(SEED)
@@ -293,7 +302,7 @@ class TestModuleInfoOnDevice(conformance.CpuOracle, TestCase):
         return self.compare(expected, expected_error, actual, actual_error)
 
     def samples(self, module_info, training):
-        torch.manual_seed(SEED)  # the values of the samples do not depend on the tests run before
+        reseed()  # the values of the samples do not depend on the tests run before
         return list(module_info.module_inputs_func(
             module_info, device="cpu", dtype=torch.float32, requires_grad=training, training=training))
 
@@ -318,7 +327,7 @@ class TestModuleInfoOnDevice(conformance.CpuOracle, TestCase):
             run("to", index, self.run_to(module_info, sample))
             run("state_dict", index, self.run_state_dict(module_info, sample))
         if module_info.module_error_inputs_func is not None:
-            torch.manual_seed(SEED)
+            reseed()
             error_inputs = module_info.module_error_inputs_func(
                 module_info, device="cpu", dtype=dtype, requires_grad=False, training=False)
             for index, error_input in enumerate(error_inputs):
