@@ -73,10 +73,11 @@ def _moduleinfo_lines() -> list[str]:
         failed_by_kind.update(f["failed"])
     samples, failed = sum(by_kind.values()), sum(failed_by_kind.values())
     seconds = sum(f["seconds"] for f in ran.values())
+    differing = sum(bool(sum(f["failed"].values())) for f in ran.values())
     lines = [
         f"ModuleInfo on openreg: {len(ran)} modules, {samples} sample runs, {samples - failed} match CPU "
         f"({100.0 * (samples - failed) / max(samples, 1):.2f}%), {failed} differ in "
-        f"{sum(bool(sum(f['failed'].values())) for f in ran.values())} modules "
+        f"{differing} module{'' if differing == 1 else 's'} "
         f"({sum(len(f['reasons']) for f in ran.values())} listed as expected failures); {seconds:.1f} s in the tests",
         "  " + ", ".join(f"{kind} {by_kind[kind] - failed_by_kind[kind]}/{by_kind[kind]}" for kind in by_kind),
     ]
