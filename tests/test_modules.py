@@ -1,9 +1,10 @@
 """PyTorch's ModuleInfo database on openreg: every sample of every nn module,
 run on CPU and on openreg, must give the same result.
 
-One test per ModuleInfo (torch's device-generic test machinery instantiates it
-for openreg through PrivateUse1TestBase, as tests/test_opinfo.py does for
-OpInfo), in float32. The samples come from ``module_info.module_inputs_func``,
+One test per ModuleInfo of ``module_db``, and of one module of this file whose
+parameter is shared by two submodules (torch's device-generic test machinery
+instantiates them for openreg through PrivateUse1TestBase, as
+tests/test_opinfo.py does for OpInfo), in float32. The samples come from ``module_info.module_inputs_func``,
 built on the CPU; as in torch's ``TestModule.test_cpu_gpu_parity``, the module
 is constructed on the CPU from the same seed for both devices and moved with
 ``Module.to``, lazy modules are initialised by a first forward on each device,
@@ -38,7 +39,8 @@ Samples that do not match are listed, each with its reason, in
 ``tests/modules_expected_failures.yaml``; a test fails when a sample fails that
 is not listed, and also when a listed sample passes (so the list only shrinks).
 ``OPENREG_MODULEINFO_ONLY=nn.Linear,nn.GRU`` limits the run to some modules.
-The summary at the end of the pytest output gives the figures.
+The summary at the end of the pytest output gives the figures
+(``OPENREG_MODULEINFO_REPORT=report.json`` writes them per module).
 """
 
 from __future__ import annotations
@@ -121,9 +123,9 @@ def tolerance(module_info) -> tuple[float, float]:
 
 def reseed(value=SEED):
     """What torch.manual_seed does for the CPU and openreg generators, without
-    its deferred seeding of the uninitialised CUDA, XPU and MTIA generators
-    (torch.cuda._lazy_call formats the Python stack each time: called for
-    every module and forward, that was most of this file's run time)."""
+    its deferred seeding of the uninitialised CUDA, XPU and MTIA generators:
+    torch.cuda._lazy_call (and XPU's, MTIA's) formats the whole Python stack
+    on every call, too slow to do before every construction and forward."""
     torch.default_generator.manual_seed(value)
     torch.openreg.manual_seed_all(value)
 
