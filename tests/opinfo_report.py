@@ -1,6 +1,7 @@
-"""Figures of the OpInfo conformance run (tests/test_opinfo.py), printed by
-conftest.py at the end of the pytest output and written as JSON to the file
-named by OPENREG_OPINFO_REPORT, if set."""
+"""Figures of the conformance runs against CPU, OpInfo (tests/test_opinfo.py)
+and ModuleInfo (tests/test_modules.py), printed by conftest.py at the end of
+the pytest output and written as JSON to the files named by
+OPENREG_OPINFO_REPORT and OPENREG_MODULEINFO_REPORT, if set."""
 
 from __future__ import annotations
 
@@ -9,20 +10,46 @@ import json
 import os
 
 _ops: dict[str, dict] = {}
+_modules: dict[str, dict] = {}
 
 
 def record(name: str, **figures) -> None:
+    """One OpInfo's figures: samples, failed, reasons (one per listed failure),
+    seconds, values_compared, problems."""
     _ops[name] = figures
 
 
+def record_module(name: str, **figures) -> None:
+    """One ModuleInfo's figures: samples ({kind: runs}), failed ({kind:
+    failures}), reasons (one per listed failure), seconds, problems."""
+    _modules[name] = figures
+
+
 def summary_lines() -> list[str]:
+    return _opinfo_lines() + _moduleinfo_lines()
+
+
+def _reason_lines(figures: dict[str, dict]) -> list[str]:
+    reasons = collections.Counter(r for f in figures.values() for r in f["reasons"])
+    return [f"  {count:5d}  {reason}" for reason, count in reasons.most_common()]
+
+
+def _write(variable: str, per: str, data: dict) -> list[str]:
+    report = os.environ.get(variable)
+    if not report:
+        return []
+    with open(report, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    return [f"  (per {per}: {report})"]
+
+
+def _opinfo_lines() -> list[str]:
     if not _ops:
         return []
     ran = _ops
     samples = sum(f["samples"] for f in ran.values())
     failed = sum(f["failed"] for f in ran.values())
     seconds = sum(f["seconds"] for f in ran.values())
-    reasons = collections.Counter(r for f in ran.values() for r in f["reasons"])
     lines = [
         f"OpInfo on openreg: {len(ran)} operators, {samples} sample runs "
         f"(contiguous, non-contiguous, out=), {samples - failed} match CPU "
@@ -30,11 +57,30 @@ def summary_lines() -> list[str]:
         f"{sum(not f['values_compared'] for f in ran.values())} operators compared by shape, "
         f"strides and dtype only; {seconds:.1f} s in the tests",
     ]
-    for reason, count in reasons.most_common():
-        lines.append(f"  {count:5d}  {reason}")
-    report = os.environ.get("OPENREG_OPINFO_REPORT")
-    if report:
-        with open(report, "w") as f:
-            json.dump({"operators": _ops, "samples": samples, "failed": failed}, f, indent=1, sort_keys=True)
-        lines.append(f"  (per operator: {report})")
+    lines += _reason_lines(ran)
+    lines += _write("OPENREG_OPINFO_REPORT", "operator", {"operators": _ops, "samples": samples, "failed": failed})
+    return lines
+
+
+def _moduleinfo_lines() -> list[str]:
+    if not _modules:
+        return []
+    ran = _modules
+    by_kind = collections.Counter()
+    failed_by_kind = collections.Counter()
+    for f in ran.values():
+        by_kind.update(f["samples"])
+        failed_by_kind.update(f["failed"])
+    samples, failed = sum(by_kind.values()), sum(failed_by_kind.values())
+    seconds = sum(f["seconds"] for f in ran.values())
+    differing = sum(bool(sum(f["failed"].values())) for f in ran.values())
+    lines = [
+        f"ModuleInfo on openreg: {len(ran)} modules, {samples} sample runs, {samples - failed} match CPU "
+        f"({100.0 * (samples - failed) / max(samples, 1):.2f}%), {failed} differ in "
+        f"{differing} module{'' if differing == 1 else 's'} "
+        f"({sum(len(f['reasons']) for f in ran.values())} listed as expected failures); {seconds:.1f} s in the tests",
+        "  " + ", ".join(f"{kind} {by_kind[kind] - failed_by_kind[kind]}/{by_kind[kind]}" for kind in by_kind),
+    ]
+    lines += _reason_lines(ran)
+    lines += _write("OPENREG_MODULEINFO_REPORT", "module", {"modules": _modules, "samples": samples, "failed": failed})
     return lines

@@ -36,12 +36,12 @@ import time
 import warnings
 
 import torch
-import yaml
 from torch.testing._internal.common_device_type import OpDTypes, instantiate_device_type_tests, ops
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_utils import TestCase
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
+import conformance
 import opinfo_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,21 +52,7 @@ KINDS = ("contiguous", "noncontiguous", "out")
 NO_SAMPLES = "samples"
 
 
-def load_expected_failures() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """({op full name: {sample id: reason}}, {op full name: why its values are not comparable})."""
-    with open(EXPECTED_FAILURES_FILE) as f:
-        data = yaml.safe_load(f) or {}
-    failures: dict[str, dict[str, str]] = {}
-    for op_name, groups in (data.get("failures") or {}).items():
-        for group in groups:
-            for sample_id in group["samples"]:
-                kind = sample_id.split("/")[0]
-                assert kind in KINDS or sample_id == NO_SAMPLES, f"{EXPECTED_FAILURES_FILE}: {op_name}: unknown sample kind in {sample_id!r}"
-                failures.setdefault(op_name, {})[sample_id] = group["reason"]
-    return failures, dict(data.get("not_comparable") or {})
-
-
-EXPECTED_FAILURES, NOT_COMPARABLE = load_expected_failures()
+EXPECTED_FAILURES, NOT_COMPARABLE = conformance.load_expected_failures(EXPECTED_FAILURES_FILE, KINDS, (NO_SAMPLES,))
 
 _only = os.environ.get("OPENREG_OPINFO_ONLY")
 OPS = [op for op in op_db if not _only or op.full_name in _only.split(",")]
@@ -127,10 +113,6 @@ def call(op, sample, raw=False, **extra):
         return None, e
 
 
-def on_cpu(value):
-    return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, value)
-
-
 def out_arguments(result, device):
     """Empty tensors shaped like `result` (a tensor or a tuple of tensors) to
     pass as out=, or None when the result has another structure."""
@@ -141,38 +123,8 @@ def out_arguments(result, device):
     return None
 
 
-def metadata(value):
-    """What can be compared of results whose values are unspecified (torch.empty)."""
-    return tree_map(lambda t: (t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else t, value)
-
-
-class TestOpInfoOnDevice(TestCase):
+class TestOpInfoOnDevice(conformance.CpuOracle, TestCase):
     """The OpInfo samples on the device, compared with CPU."""
-
-    def compare(self, expected, expected_error, actual, actual_error, check_device=True, values=True):
-        """None if openreg behaved like CPU, otherwise what differed."""
-        if expected_error is not None:
-            if actual_error is None:
-                return f"CPU raised {type(expected_error).__name__}, openreg returned a result"
-            if not isinstance(actual_error, type(expected_error)):
-                return (
-                    f"CPU raised {type(expected_error).__name__}, openreg raised "
-                    f"{type(actual_error).__name__}: {actual_error}"
-                )
-            return None
-        if actual_error is not None:
-            return f"openreg raised {type(actual_error).__name__}: {str(actual_error)[:300]}"
-        if check_device:
-            for leaf in tree_flatten(actual)[0]:
-                if isinstance(leaf, torch.Tensor) and leaf.device.type != self.device_type:
-                    return f"a result is on {leaf.device}, not on {self.device_type}"
-        if not values:
-            actual, expected = metadata(actual), metadata(expected)
-        try:
-            self.assertEqual(on_cpu(actual), expected, exact_device=False)
-        except AssertionError as e:
-            return f"values differ: {str(e)[:300]}"
-        return None
 
     def run_sample(self, op, device, kind, sample, values) -> str | None:
         if kind == "noncontiguous":
@@ -238,19 +190,9 @@ class TestOpInfoOnDevice(TestCase):
             seconds=time.perf_counter() - started,
             problems=failures,
         )
-        new = {s: failures[s] for s in failures if s not in expected}
-        fixed = sorted(s for s in expected if s not in failures)
-        message = []
-        if new:
-            message.append(f"{len(new)} sample(s) of {name} ({dtype}) differ from CPU:")
-            message += [f"  {s}: {p}" for s, p in list(new.items())[:10]]
-        if fixed:
-            message.append(
-                f"{len(fixed)} sample(s) of {name} listed in {os.path.basename(EXPECTED_FAILURES_FILE)} "
-                f"now match CPU; remove them from the list: {fixed}"
-            )
+        message = conformance.unexpected(name, failures, expected, EXPECTED_FAILURES_FILE, f" ({dtype})")
         if message:
-            self.fail("\n".join(message))
+            self.fail(message)
 
 
 instantiate_device_type_tests(TestOpInfoOnDevice, globals(), only_for="openreg")
