@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import model_zoo  # tests/model_zoo.py, the benchmark's models
 from torch_openreg import info
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
+BENCH_MODELS = ROOT / "benchmarks" / "bench_models.py"
 
 
 def bench_ops_cases() -> list:
@@ -24,19 +26,22 @@ def bench_ops_cases() -> list:
     return list(module.CASES)
 
 
-def run_bench_ops(json_path: Path) -> dict:
+def run_benchmark(script: Path, json_path: Path, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     # CI's traced run would print a line per timed call; OPENREG_FALLBACK=error
     # would stop the fallback cases the benchmark exists to time.
     env.pop("TORCH_SHOW_DISPATCH_TRACE", None)
     env.pop("OPENREG_FALLBACK", None)
     result = subprocess.run(
-        [sys.executable, str(BENCH_OPS), "--size", "small", "--repeat", "1", "--calls-scale", "0.005",
-         "--json", str(json_path)],
+        [sys.executable, str(script), *args, "--json", str(json_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(json_path.read_text())
+
+
+def run_bench_ops(json_path: Path) -> dict:
+    return run_benchmark(BENCH_OPS, json_path, "--size", "small", "--repeat", "1", "--calls-scale", "0.005")
 
 
 def test_bench_ops_reports_every_case_with_finite_positive_times(tmp_path):
@@ -55,3 +60,20 @@ def test_bench_ops_reports_every_case_with_finite_positive_times(tmp_path):
     # The summary accounts for every row once.
     assert sum(s["cases"] for s in report["summary"]) == len(rows)
     assert "copies" in {s["group"] for s in report["summary"]}
+
+
+def test_bench_models_reports_every_model_and_phase_with_its_fallbacks(tmp_path):
+    # The compiled forward is left out: a cold Inductor compile of six models takes
+    # minutes (tests/test_models.py compiles three of them).
+    phases = ["forward", "train_step", "generate", "autocast_bf16"]
+    report = run_benchmark(BENCH_MODELS, tmp_path / "bench_models.json", "--repeat", "1", "--batch-ms", "0.001",
+                           "--phases", ",".join(phases), "--profile", "2")
+    expected = [(m.name, p) for m in model_zoo.MODELS for p in phases if model_zoo.PHASE_BY_NAME[p].applies_to(m)]
+    assert [(r["model"], r["phase"]) for r in report["rows"]] == expected
+    assert report["errors"] == []
+    for r in report["rows"]:
+        for key in ("cpu_ms", "openreg_ms", "ratio"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["model"], r["phase"], key, r[key])
+        assert r["calls"] == 1
+        assert isinstance(r["fallback_ops"], dict)
+        assert len(r["profile"]) == 2 and all(p["op"] for p in r["profile"])

@@ -1,4 +1,4 @@
-"""The training examples run as documented and actually learn."""
+"""The examples run as documented and actually learn."""
 
 import importlib.util
 import os
@@ -35,3 +35,12 @@ def test_train_cnn_in_bfloat16_runs_without_a_scaler():
     train_cnn = load_example("train_cnn")
     result = train_cnn.main(["--steps", "30", "--batch-size", "32", "--dtype", "bfloat16"])
     assert result["last_loss"] < result["first_loss"]
+
+
+def test_generate_learns_the_sentence_and_writes_cpus_tokens():
+    generate = load_example("generate")
+    result = generate.main([])
+    assert result["last_loss"] < 0.05 * result["first_loss"]
+    assert result["completion"] == " brown fox jumps over the lazy dog."
+    assert result["matches_cpu"]
+    assert result["fallbacks"] == {}
