@@ -329,3 +329,18 @@ def test_autograd_profiler_use_device_with_kineto_records_device_events():
     assert "aten::cumsum" in device and device[-1] == "Memcpy DtoH"
     ops = {e.key: e for e in p.key_averages()}
     assert ops["aten::cumsum"].device_time_total > 0
+
+
+def test_a_converting_copy_is_one_copy_call():
+    """A copy with an openreg side reaches _copy_from, which runs CPU's copy
+    kernel itself: the profiler sees the caller's copy_ and _copy_from, not
+    a second copy_ inside (a CUDA copy is one copy_ too)."""
+    x = torch.randn(4, 4, device="openreg")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        x.to(torch.float64)
+        x.t().contiguous()
+        x.t().cpu()
+    names = [e.name for e in prof.events()]
+    assert names.count("aten::copy_") == 3
+    assert names.count("aten::_copy_from") == 3
+

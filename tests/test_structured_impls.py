@@ -255,7 +255,7 @@ def test_cat_matches_cpu():
         ((a, b), 0),
         ((a, c), 1),
         ((a, c), -1),
-        ((a.t(), b.t()), 1),  # non-contiguous: copy_ per operand
+        ((a.t(), b.t()), 1),  # non-contiguous: CPU's copy kernel per operand
         ((a[:, ::2], a[:, 1::2]), 1),
         ((torch.empty(0), a, torch.empty(0)), 0),  # legacy empty operands are skipped
         ((torch.randn(0, 4), a), 0),
@@ -263,12 +263,33 @@ def test_cat_matches_cpu():
         ((a, torch.arange(4).reshape(1, 4)), 0),
         ((torch.randn(2, 3, 4), torch.randn(2, 1, 4), torch.randn(2, 2, 4)), 1),
         ((torch.randint(0, 9, (3, 3), dtype=torch.uint8), torch.randint(0, 9, (1, 3), dtype=torch.uint8)), 0),
-        ((torch.randn(200, 200), torch.randn(200, 200)), 1),  # large: copy_ per operand
+        ((torch.randn(200, 200), torch.randn(200, 200)), 1),  # large: CPU's copy kernel per operand
+        ((torch.randn(3, 2).t(), torch.randn(2, 2).int()), 1),  # non-contiguous and promoted
     ]
     for tensors, dim in cases:
         same_as_cpu(lambda *ts: torch.cat(ts, dim), *tensors)
     same_as_cpu(lambda *ts: torch.stack(ts, 1), a, a)
     same_as_cpu(lambda *ts: torch.stack(ts, 2), a, a)
+
+
+def test_cat_makes_no_copy_calls():
+    """As CPU's and CUDA's cat: operands that are slices (a rotary embedding's
+    cat((-x2, x1))) or a skipped empty operand (a key/value cache's first
+    cat) are copied inside cat, not by a dispatched copy_ per operand."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(2, 4, 8, 16, device=DEV)
+    cache = torch.tensor([], device=DEV)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        rotated = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
+        cached = torch.cat([cache, x], dim=-2)
+        transposed = torch.cat([x.transpose(1, 2), x.transpose(1, 2)], dim=1)
+    names = [e.name for e in prof.events()]
+    assert "aten::copy_" not in names and "aten::_copy_from" not in names
+    xc = x.cpu()
+    assert torch.equal(rotated.cpu(), torch.cat((-xc[..., 8:], xc[..., :8]), dim=-1))
+    assert torch.equal(cached.cpu(), xc)
+    assert torch.equal(transposed.cpu(), torch.cat([xc.transpose(1, 2)] * 2, dim=1))
 
 
 def test_cat_keeps_channels_last():

@@ -6,18 +6,23 @@
 // CPU's impl copies small contiguous operands with memcpy from their data
 // pointers, which host code cannot dereference on openreg, so openreg has its
 // own impl, as CUDA does: the same block copies on kernel addresses, and
-// otherwise one copy_ per operand into its slice of the output, which is what
-// CPU does then too (copy_ converts dtypes and follows strides). Without the
-// host aliases a CPU kernel needs, a small cat costs what it costs on CPU.
+// otherwise, as CPU does then, CPU's copy kernel (copy_stub) on an iterator
+// from each operand to its slice of the output, which converts dtypes and
+// follows strides without a copy_ call per operand. Without the host aliases
+// a CPU kernel needs, a small cat costs what it costs on CPU.
+#include <algorithm>
 #include <cstring>
 
 #include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/native/Copy.h>
 #include <ATen/native/TensorShape.h>
 #include <c10/util/accumulate.h>
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegHostCall.h"
 #include "aten/OpenRegStream.h"
+#include "aten/native/CpuStub.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
@@ -45,10 +50,17 @@ void cat_out(
   // A small output, or one thread: CPU copies serially too. A large one goes
   // through copy_, which runs in parallel.
   const bool serial = out.numel() < at::internal::GRAIN_SIZE || at::get_num_threads() == 1;
-  if (serial && all_contiguous && all_same_dtype && memory_format == at::MemoryFormat::Contiguous) {
+  // meta()'s all_contiguous (operands and output) is also false when an
+  // operand is skipped (an empty one, as a key/value cache's first cat has);
+  // the others may still be.
+  const bool blocks = all_contiguous ||
+      (out.is_contiguous() && std::all_of(materialized.begin(), materialized.end(), [](const at::Tensor& t) {
+         return at::native::cat_should_skip_tensor(t) || t.is_contiguous();
+       }));
+  if (serial && blocks && all_same_dtype && memory_format == at::MemoryFormat::Contiguous) {
     // Row-major operands: for each index of the dimensions before `dim`,
     // every operand holds one block, and the output holds their blocks in
-    // turn. (all_contiguous is false when an operand is skipped.)
+    // turn; a skipped operand holds none.
     join_current_stream(out.device().index());
     const int64_t outer = c10::multiply_integers(out.sizes().slice(0, dim));
     char* dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr()));
@@ -71,7 +83,18 @@ void cat_out(
       continue;
     }
     const int64_t size = t.size(dim);
-    out.narrow(dim, offset, size).copy_(t);
+    // CPU's iterator (cat_out_cpu), whose copy_stub kernel runs on the device memory.
+    const at::Tensor slice = out.narrow(dim, offset, size);
+    auto iter = at::TensorIteratorConfig()
+                    .set_check_mem_overlap(false) // meta() checked it
+                    .resize_outputs(false)
+                    .add_output(slice)
+                    .add_const_input(t)
+                    .promote_inputs_to_common_dtype(true)
+                    .cast_common_dtype_to_outputs(true)
+                    .enforce_safe_casting_to_output(true)
+                    .build();
+    run_cpu_stub(at::native::copy_stub, iter, /*non_blocking=*/false);
     offset += size;
   }
 }

@@ -7,7 +7,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
-#include <ATen/ops/copy.h>
+#include <ATen/ops/copy_native.h>
 #include <c10/core/DeviceGuard.h>
 
 #include "OpenRegNativeFunctions.h"
@@ -138,12 +138,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy kernel
   // run on the device memory, over recycled aliases (copy_ keeps no reference
-  // to its operands).
+  // to its operands). CPU's copy_ is called as a function, not dispatched:
+  // the caller's copy_ is the one call the profiler and the trace show, as on
+  // CUDA, whose copy_ runs its kernel inside.
   std::optional<ScopedHostAlias> dst_alias;
   std::optional<ScopedHostAlias> src_alias;
   const at::Tensor& to = dst.device().is_privateuseone() ? dst_alias.emplace(dst).get() : dst;
   const at::Tensor& from = self.device().is_privateuseone() ? src_alias.emplace(self).get() : self;
-  to.copy_(from);
+  at::native::copy_(const_cast<at::Tensor&>(to), from);
   return dst;
 }
 
