@@ -105,3 +105,13 @@ def test_device_count_from_environment():
         env=env, capture_output=True, text=True, timeout=120, check=True,
     ).stdout.split()
     assert out == ["4", "openreg:3"]
+
+
+def test_nested_tensors_of_the_strided_layout_raise_a_clear_error_and_jagged_ones_work():
+    strided = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], device=DEV)
+    with pytest.raises(NotImplementedError, match="nested tensor of the strided layout on openreg.*jagged"):
+        strided + 1
+    jagged = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged, device=DEV)
+    assert (jagged + 1).is_nested
+    # The device keeps working.
+    assert torch.ones(2, device=DEV).sum().item() == 2

@@ -211,4 +211,14 @@ void raise_blocked(const c10::OperatorHandle& op, const char* reason) {
       "openreg kernel in backend_functions.yaml.");
 }
 
+void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  const trace::Scope scope(op.operator_name(), trace::Route::Blocked);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, c10::toString(op.schema().operator_name()),
+      " got a nested tensor of the strided layout on openreg, which has no kernels for them. Use "
+      "torch.nested's jagged layout (layout=torch.jagged), or keep nested tensors on CPU; "
+      "nn.TransformerEncoder makes one in its inference fast path when given a padding mask "
+      "(construct it with enable_nested_tensor=False).");
+}
+
 } // namespace openreg

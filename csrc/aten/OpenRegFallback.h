@@ -33,6 +33,10 @@ void reset_fallback_stats();
 // with the reason the yaml gives.
 [[noreturn]] void raise_blocked(const c10::OperatorHandle& op, const char* reason);
 
+// The boxed kernel for every operator on a nested openreg tensor (the
+// NestedTensorPrivateUse1 key): openreg has no nested kernels, so it raises.
+[[noreturn]] void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 namespace generated {
 // Defined by the generated RegisterFallback.cpp from backend_functions.yaml
 // (fallback.cpu_tensor_args): operators that, as on CUDA, accept CPU tensors

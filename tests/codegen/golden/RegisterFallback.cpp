@@ -73,6 +73,13 @@ using openreg::generated::blocked_kernel;
 // The global CPU fallback is off (fallback.global: false): operators without an
 // openreg kernel raise torch's "Could not run ... 'PrivateUse1' backend" error.
 
+// Nested tensors of the strided layout have a dispatch key of their own,
+// which no openreg kernel serves: every operator on them raises an error that
+// says so, instead of torch's "Could not run ... 'NestedTensoropenreg'".
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mm", torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());
   m.impl("_pin_memory", torch::CppFunction::makeFromBoxedFunction<&blocked_kernel>());
