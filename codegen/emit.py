@@ -165,8 +165,18 @@ def wrapper(
 def register_kernels(cfg: BackendConfig) -> str:
     wrappers = "\n\n".join(wrapper(cfg, e, None, (f"aten::{e.name}", "Kernel")) for e in cfg.kernels)
     impls = "\n".join(
-        f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in cfg.kernels
+        f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in cfg.kernels if not e.autograd
     )
+    autograd = [e for e in cfg.kernels if e.autograd]
+    autograd_impls = ""
+    if autograd:
+        lines = "".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));\n' for e in autograd)
+        autograd_impls = (
+            "\n// Autograd kernels of CompositeImplicitAutograd operators (autograd: true):\n"
+            "// they replace torch's composite for openreg tensors, and autograd records\n"
+            "// the operators they call.\n"
+            f"TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {{\n{lines}}}\n"
+        )
     math_bits = [e for e in cfg.kernels if e.handles_conj_neg]
     fallthroughs = ""
     if math_bits:
@@ -194,7 +204,7 @@ def register_kernels(cfg: BackendConfig) -> str:
 
 // The wrappers have the dispatcher's signature (SymInt where the schema has
 // SymInt) and call the kernels with their native signature.
-{aten_registrations(wrappers, impls)}{fallthroughs}
+{aten_registrations(wrappers, impls)}{autograd_impls}{fallthroughs}
 }} // namespace at
 """
 

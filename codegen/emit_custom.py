@@ -25,11 +25,11 @@ def kernel_entries(op: CustomOp) -> tuple[KernelEntry, KernelEntry]:
     same declarations and wrappers as the aten kernels."""
     device = KernelEntry(
         func=op.func, kernel=op.kernel, symint=True, device_guard=True, device_check=True,
-        handles_conj_neg=False, loc=op.loc,
+        handles_conj_neg=False, autograd=False, loc=op.loc,
     )
     meta = KernelEntry(
         func=op.func, kernel=op.meta, symint=True, device_guard=False, device_check=False,
-        handles_conj_neg=False, loc=op.loc,
+        handles_conj_neg=False, autograd=False, loc=op.loc,
     )
     return device, meta
 

@@ -48,7 +48,7 @@ _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "structured", "cpu_kernels", "stubs", "custom_ops", "fallback")
 CPU_KERNEL_KEYS = ("op",)
-KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg")
+KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg", "autograd")
 FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
 OP_REF_KEYS = ("op",)
 STRUCTURED_KEYS = ("op", "impl", "host_impl")
@@ -210,10 +210,22 @@ class _Reader:
                         default=f.device_check == DeviceCheckType.ExactSame,
                     ),
                     handles_conj_neg=self.get(entry, "handles_conj_neg", bool, what, default=False),
+                    autograd=self.autograd_kernel(entry, f, what),
                     loc=self.loc(entry[LINE]),
                 )
             )
         return tuple(out)
+
+    def autograd_kernel(self, entry: dict[str, Any], f: NativeFunction, what: str) -> bool:
+        autograd = self.get(entry, "autograd", bool, what, default=False)
+        if autograd and not f.has_composite_implicit_autograd_kernel:
+            raise YamlError(
+                self.key_loc(entry, "autograd"),
+                f"'{f.func.name}' has no CompositeImplicitAutograd kernel: autograd: true registers the "
+                "kernel under AutogradPrivateUse1 in place of such a kernel. Operators with an autograd "
+                "formula of their own take a plain kernel (remove autograd).",
+            )
+        return autograd
 
     def structured(self, top: dict[str, Any]) -> tuple[StructuredEntry, ...]:
         out = []

@@ -97,6 +97,11 @@ class KernelEntry:
     # The kernel resolves conjugate/negative bits itself, so the Conjugate and
     # Negative keys fall through to it instead of materialising its inputs.
     handles_conj_neg: bool
+    # The kernel is the operator's autograd kernel for openreg (registered under
+    # AutogradPrivateUse1): for a CompositeImplicitAutograd operator that openreg
+    # serves another way than torch's composite; autograd records the graph of
+    # the operators the kernel calls.
+    autograd: bool
     loc: Location
 
     @property

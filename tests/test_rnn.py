@@ -2,7 +2,9 @@
 (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell`) for PrivateUse1 tensors, as
 for CUDA; openreg serves them and their backward functions
 (csrc/aten/native/RNN.cpp), so nn.LSTM, nn.GRU and their cells train as on
-CPU."""
+CPU. nn.LSTM and nn.GRU themselves take CPU's route (RNN.cpp's lstm_input and
+gru_input): oneDNN's LSTM layer where CPU uses it, the GRU's input projected
+once per layer, so their results and gradients have CPU's bits."""
 
 import pytest
 import torch
@@ -106,3 +108,91 @@ def test_fused_cells_refuse_gates_of_mismatched_shapes():
         torch.ops.aten._thnn_fused_lstm_cell(a, torch.zeros(2, 12, device=DEV), torch.zeros(2, 2, device=DEV))
     with pytest.raises(RuntimeError, match="one shape"):
         torch.ops.aten._thnn_fused_gru_cell(torch.zeros(2, 6, device=DEV), torch.zeros(3, 6, device=DEV), torch.zeros(2, 2, device=DEV))
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: nn.LSTM(6, 8, num_layers=2),
+        lambda: nn.LSTM(6, 8, batch_first=True, bidirectional=True),
+        lambda: nn.LSTM(6, 8, bias=False),
+    ],
+    ids=["two_layers", "batch_first_bidirectional", "no_bias"],
+)
+def test_lstm_takes_cpus_onednn_route_with_cpus_bits(factory):
+    cpu, dev = pair(factory)
+    x = torch.randn(5, 3, 6)
+    out_cpu, grads_cpu = run(cpu, x, "cpu")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out_dev, grads_dev = run(dev, x, DEV)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::mkldnn_rnn_layer" in names and "aten::mkldnn_rnn_layer_backward" in names
+    assert "aten::_thnn_fused_lstm_cell" not in names
+    torch.testing.assert_close(out_dev, out_cpu, rtol=0, atol=0)
+    for g_dev, g_cpu in zip(grads_dev, grads_cpu, strict=True):
+        torch.testing.assert_close(g_dev, g_cpu, rtol=0, atol=0)
+
+
+def test_lstm_dropout_between_layers_draws_from_the_devices_generator_like_cpu():
+    cpu, dev = pair(lambda: nn.LSTM(6, 8, num_layers=3, dropout=0.4))
+    x = torch.randn(5, 3, 6)
+    torch.manual_seed(3)
+    out_cpu = cpu(x)[0]
+    torch.openreg.manual_seed(3)
+    out_dev = dev(x.to(DEV))[0]
+    torch.testing.assert_close(out_dev.cpu(), out_cpu, rtol=0, atol=0)
+
+
+def test_lstm_outside_cpus_onednn_route_takes_the_fused_cells():
+    # Projections (CPU has no oneDNN route for them) and float64.
+    for factory, dtype in ((lambda: nn.LSTM(6, 8, proj_size=4), torch.float32), (lambda: nn.LSTM(6, 8), torch.float64)):
+        cpu, dev = pair(factory)
+        cpu.to(dtype), dev.to(dtype)
+        x = torch.randn(5, 3, 6, dtype=dtype)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out_dev = dev(x.to(DEV))[0]
+        names = {e.key for e in prof.key_averages()}
+        assert "aten::_thnn_fused_lstm_cell" in names and "aten::mkldnn_rnn_layer" not in names
+        torch.testing.assert_close(out_dev.detach().cpu(), cpu(x)[0].detach(), **TOL)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: nn.GRU(6, 8, num_layers=2),
+        lambda: nn.GRU(6, 8, batch_first=True, bidirectional=True, num_layers=2),
+        lambda: nn.GRU(6, 8, bias=False),
+        lambda: nn.GRU(6, 8).double(),
+    ],
+    ids=["two_layers", "batch_first_bidirectional", "no_bias", "float64"],
+)
+def test_gru_takes_cpus_route_with_cpus_bits(factory):
+    cpu, dev = pair(factory)
+    x = torch.randn(5, 3, 6, dtype=next(cpu.parameters()).dtype)
+    out_cpu, grads_cpu = run(cpu, x, "cpu")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out_dev, grads_dev = run(dev, x, DEV)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_thnn_fused_gru_cell" not in names
+    torch.testing.assert_close(out_dev, out_cpu, rtol=0, atol=0)
+    for g_dev, g_cpu in zip(grads_dev, grads_cpu, strict=True):
+        torch.testing.assert_close(g_dev, g_cpu, rtol=0, atol=0)
+
+
+def test_gru_with_initial_state_dropout_and_bad_shapes():
+    cpu, dev = pair(lambda: nn.GRU(4, 5, num_layers=2, dropout=0.5))
+    x, h0 = torch.randn(6, 2, 4), torch.randn(2, 2, 5)
+    torch.manual_seed(5)
+    out_cpu, h_cpu = cpu(x, h0)
+    torch.openreg.manual_seed(5)
+    out_dev, h_dev = dev(x.to(DEV), h0.to(DEV))
+    torch.testing.assert_close(out_dev.cpu(), out_cpu, rtol=0, atol=0)
+    torch.testing.assert_close(h_dev.cpu(), h_cpu, rtol=0, atol=0)
+    # torch's own argument checks run first, as on CPU.
+    for device, module in (("cpu", cpu), (DEV, dev)):
+        with pytest.raises(RuntimeError, match="Expected hidden size"):
+            module(x.to(device), torch.randn(1, 2, 5, device=device))
+    # An empty sequence: the same error as CPU's.
+    with pytest.raises(RuntimeError, match="larger than 0"):
+        torch.gru(torch.zeros(0, 2, 4, device=DEV), h0.to(DEV), list(dev._flat_weights), True, 2, 0.0, False, False, False)
+

@@ -107,6 +107,8 @@ ERROR_CASES = [
     ("cpp_namespace: !!binary aGk=\n", 1, "'cpp_namespace' in the file must be a string, got the bytes b'hi'"),
     ("cpp_namespace: n\nkernels:\n  - op: 2001-02-03\n    kernel: k\n", 3,
      "'op' in a kernels entry must be a string, got the date datetime.date(2001, 2, 3)"),
+    ("cpp_namespace: n\nkernels:\n  - op: mm\n    kernel: k\n    autograd: true\n", 5,
+     "'mm' has no CompositeImplicitAutograd kernel: autograd: true registers"),
     # structured
     ("cpp_namespace: n\nstructured:\n  - op: abs.out\n", 3,
      "'abs.out' is not the out= operator of a structured group"),

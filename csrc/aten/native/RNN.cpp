@@ -1,4 +1,6 @@
-// The fused LSTM and GRU cells that torch's RNN code calls for PrivateUse1
+// nn.LSTM's and nn.GRU's operators (lstm.input, gru.input) for openreg
+// tensors, and the fused LSTM and GRU cells that torch's RNN code calls for
+// PrivateUse1
 // tensors (aten/src/ATen/native/RNN.cpp: LSTMCell and GRUCell take
 // `_thnn_fused_*_cell` when `input.is_privateuseone()`, as for CUDA), and
 // their backward functions (derivatives.yaml). CPU has no kernel for them, so
@@ -10,8 +12,14 @@
 // path's matmul plus a bias add does. The workspace keeps what the backward
 // needs, in CUDA's layout: the LSTM's four activated gates; the GRU's reset,
 // update and new gates, the hidden state and the hidden new gate.
+#include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/native/RNN.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/lstm_native.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros_like.h>
 
 #include "OpenRegNativeFunctions.h"
@@ -41,7 +49,127 @@ void check_cell_gates(const at::Tensor& input_gates, const at::Tensor& hidden_ga
       hidden_gates.sizes());
 }
 
+// CPU's test for its oneDNN LSTM (use_mkldnn in aten/src/ATen/native/RNN.cpp),
+// for openreg tensors. Half and bfloat16 are left to torch's composite: which
+// of them CPU runs on oneDNN depends on the CPU (mkldnn_*_device_check).
+bool cpu_would_use_onednn(const at::Tensor& input, at::TensorList hx) {
+  return at::globalContext().userEnabledMkldnn() && input.scalar_type() == at::kFloat && input.numel() != 0 &&
+      hx.size() == 2 && hx[0].sym_size(2) == hx[1].sym_size(2) && // no projections
+      !hx[0].unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
 } // namespace
+
+// torch's lstm (CompositeImplicitAutograd) runs a PrivateUse1 LSTM step by
+// step through the fused cell, with one input projection per step, where CPU
+// runs the whole sequence on oneDNN (lstm_mkldnn_stub). This is the autograd
+// kernel of lstm.input for openreg (`autograd: true` in the yaml): where CPU
+// takes oneDNN, it runs CPU's driver of that path, whose operators
+// (mkldnn_rnn_layer per layer and direction, cat, dropout, stack) reach openreg's
+// kernels, mkldnn_rnn_layer and its backward being CPU's on the device memory;
+// autograd records them as it does on CPU. Results and gradients are CPU's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_input(
+    const at::Tensor& input,
+    at::TensorList hx,
+    at::TensorList params,
+    bool has_biases,
+    int64_t num_layers,
+    double dropout,
+    bool train,
+    bool bidirectional,
+    bool batch_first) {
+  if (cpu_would_use_onednn(input, hx)) {
+    at::Tensor output, hy, cy;
+    at::native::lstm_mkldnn_stub(
+        c10::DeviceType::CPU, output, hy, cy, input, hx, params, has_biases, num_layers, dropout, train,
+        bidirectional, batch_first);
+    return {std::move(output), std::move(hy), std::move(cy)};
+  }
+  return at::native::lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
+}
+
+namespace {
+
+// One GRU layer in one direction as CPU runs it (aten/src/ATen/native/RNN.cpp:
+// FullLayer, FullBidirectionalLayer and GRUCell when `input.device().is_cpu()`):
+// the input projected for every step at once, then per step the hidden
+// projection and the gates, operator by operator in CPU's order.
+std::pair<at::Tensor, at::Tensor> gru_direction(
+    const at::Tensor& input,
+    at::Tensor hidden,
+    const at::Tensor& w_ih,
+    const at::Tensor& w_hh,
+    const std::optional<at::Tensor>& b_ih,
+    const std::optional<at::Tensor>& b_hh,
+    bool reverse) {
+  const std::vector<at::Tensor> steps = at::linear(input, w_ih, b_ih).unbind(0);
+  TORCH_CHECK(!steps.empty(), "Expected sequence length to be larger than 0 in RNN");
+  std::vector<at::Tensor> outputs(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const size_t t = reverse ? steps.size() - 1 - i : i;
+    const auto igates = steps[t].unsafe_chunk(3, 1);
+    const auto hgates = at::linear(hidden, w_hh, b_hh).unsafe_chunk(3, 1);
+    const at::Tensor reset_gate = hgates[0].add_(igates[0]).sigmoid_();
+    const at::Tensor input_gate = hgates[1].add_(igates[1]).sigmoid_();
+    const at::Tensor new_gate = igates[2].add(hgates[2].mul_(reset_gate)).tanh_();
+    hidden = (hidden - new_gate).mul_(input_gate).add_(new_gate);
+    outputs[t] = hidden;
+  }
+  return {at::stack(outputs, 0), hidden};
+}
+
+} // namespace
+
+// torch's gru (CompositeImplicitAutograd) projects a CPU tensor's whole input
+// once per layer and runs the rest of the cell as separate operators; a
+// PrivateUse1 tensor it runs through the fused cell with one input projection
+// per step. The simulated device runs CPU's kernels, so this autograd kernel
+// of gru.input (`autograd: true`) takes CPU's route, with CPU's operators and
+// so CPU's bits, and autograd records them as on CPU.
+std::tuple<at::Tensor, at::Tensor> gru_input(
+    const at::Tensor& input,
+    const at::Tensor& hx,
+    at::TensorList params,
+    bool has_biases,
+    int64_t num_layers,
+    double dropout,
+    bool train,
+    bool bidirectional,
+    bool batch_first) {
+  const int64_t directions = bidirectional ? 2 : 1;
+  const int64_t per_direction = has_biases ? 4 : 2;
+  TORCH_CHECK(
+      static_cast<int64_t>(params.size()) == num_layers * directions * per_direction,
+      "gru: expected ", num_layers * directions * per_direction, " parameter tensors (",
+      num_layers, " layers, ", directions, " directions, ", per_direction, " each), got ", params.size());
+  TORCH_CHECK(
+      hx.dim() == 3 && hx.size(0) == num_layers * directions,
+      "gru: expected hx of shape (", num_layers * directions, ", batch, hidden_size), got ", hx.sizes());
+  const std::vector<at::Tensor> hiddens = hx.unbind(0);
+  std::vector<at::Tensor> final_hiddens;
+  at::Tensor layer_input = batch_first ? input.transpose(0, 1) : input;
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    std::vector<at::Tensor> outputs;
+    for (int64_t direction = 0; direction < directions; ++direction) {
+      const int64_t index = layer * directions + direction;
+      const at::Tensor* w = &params[index * per_direction];
+      const auto bias = [&](int64_t i) {
+        return has_biases ? std::optional<at::Tensor>(w[i]) : std::nullopt;
+      };
+      auto [output, hidden] = gru_direction(layer_input, hiddens[index], w[0], w[1], bias(2), bias(3), direction == 1);
+      outputs.push_back(std::move(output));
+      final_hiddens.push_back(std::move(hidden));
+    }
+    layer_input = directions == 1 ? outputs[0] : at::cat(outputs, outputs[0].dim() - 1);
+    if (dropout != 0 && train && layer < num_layers - 1) {
+      layer_input = at::dropout(layer_input, dropout, /*train=*/true);
+    }
+  }
+  if (batch_first) {
+    layer_input = layer_input.transpose(0, 1);
+  }
+  return {std::move(layer_input), at::stack(final_hiddens, 0)};
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell(
     const at::Tensor& input_gates,

@@ -30,6 +30,9 @@ at::Tensor copy_from(const at::Tensor & self, const at::Tensor & dst, bool non_b
 // add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)
 at::Tensor & add_out(const at::Tensor & self, const at::Tensor & other, const at::Scalar & alpha, at::Tensor & out);
 
+// linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor
+at::Tensor linear(const at::Tensor & input, const at::Tensor & weight, const ::std::optional<at::Tensor> & bias={});
+
 // openreg::scale(Tensor self, float factor) -> Tensor
 at::Tensor scale(const at::Tensor & self, double factor);
 

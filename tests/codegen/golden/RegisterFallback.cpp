@@ -40,6 +40,7 @@ const std::vector<Binding>& bindings() {
       {"aten::view", ::openreg::trace::Route::Kernel, "demo::native::view_symint"},
       {"aten::_copy_from", ::openreg::trace::Route::Kernel, "demo::native::copy_from"},
       {"aten::add.out", ::openreg::trace::Route::Kernel, "demo::native::add_out"},
+      {"aten::linear", ::openreg::trace::Route::Kernel, "demo::native::linear"},
       {"aten::neg", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},
       {"aten::neg.out", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},
       {"aten::neg_", ::openreg::trace::Route::Structured, "at::native::structured_neg_out"},

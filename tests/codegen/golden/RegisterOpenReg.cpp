@@ -47,6 +47,17 @@ at::Tensor & wrapper_add_out(const at::Tensor & self, const at::Tensor & other, 
   return demo::native::add_out(self, other, alpha, out);
 }
 
+// linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor
+at::Tensor wrapper_linear(const at::Tensor & input, const at::Tensor & weight, const ::std::optional<at::Tensor> & bias) {
+  const ::openreg::trace::Scope trace_scope("aten::linear", ::openreg::trace::Route::Kernel, "demo::native::linear");
+  std::optional<c10::Device> common_device;
+  c10::impl::check_and_update_common_device(common_device, input, "wrapper_linear", "input");
+  c10::impl::check_and_update_common_device(common_device, weight, "wrapper_linear", "weight");
+  c10::impl::check_and_update_common_device(common_device, bias, "wrapper_linear", "bias");
+  const ::openreg::OptionalDeviceGuard device_guard(at::device_of(input));
+  return demo::native::linear(input, weight, bias);
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -54,6 +65,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", TORCH_FN(wrapper_view));
   m.impl("_copy_from", TORCH_FN(wrapper__copy_from));
   m.impl("add.out", TORCH_FN(wrapper_add_out));
+}
+
+// Autograd kernels of CompositeImplicitAutograd operators (autograd: true):
+// they replace torch's composite for openreg tensors, and autograd records
+// the operators they call.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("linear", TORCH_FN(wrapper_linear));
 }
 
 // These kernels resolve conjugate/negative views themselves; without the
