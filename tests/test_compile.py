@@ -16,11 +16,15 @@ import torch
 import torch._dynamo
 import torch._inductor.config as inductor_config
 from torch._dynamo.device_interface import get_interface_for_device
+from torch._dynamo.utils import counters
 from torch._inductor import metrics
 from torch._inductor.exc import InductorError
-from torch._inductor.utils import run_and_get_code
+from torch._inductor.utils import fresh_cache, run_and_get_code
 
+import torch_openreg.openreg._inductor as openreg_inductor
 from torch_openreg.openreg._dynamo import OpenRegInterface
+
+F = torch.nn.functional
 
 KERNEL_CALL = "(*openreg_host_aliases(("
 
@@ -122,6 +126,89 @@ def test_float16_is_computed_as_on_cpu():
     assert out.dtype == torch.float16
     assert torch.equal(out.cpu(), want)
     torch.testing.assert_close(out.cpu(), fn(x_cpu))
+
+
+def cpp_kernels(source):
+    """The C++ source of each kernel of a wrapper module, in order."""
+    return re.findall(r"async_compile\.cpp_pybinding\(.*?'''\)", source, re.S)
+
+
+def compile_on_cpu_and_openreg(fn, *args_cpu):
+    """Compiles and runs fn on the CPU, then on openreg; returns both results (a
+    tuple of CPU tensors each) and both wrapper sources."""
+    torch._dynamo.reset()
+    want, source_cpu = compile_and_run(fn, *args_cpu)
+    torch._dynamo.reset()
+    got, source = compile_and_run(fn, *(a.openreg() for a in args_cpu))
+    return tuple(t.cpu() for t in got), tuple(want), source_cpu, source
+
+
+def _reused_exp_in_bfloat16(x):
+    y = (x.exp() * 2).to(torch.bfloat16)
+    return y.float() + 1, y.float().sum(0)
+
+
+# One graph per lowering decision of Inductor that tests the CPU device and that
+# openreg takes too (torch_openreg/openreg/_inductor_lowering.py): function,
+# input shape, tolerance against eager.
+CPU_LOWERING_CHOICES = {
+    # var_mean with two passes, not Welford.
+    "layer_norm": (lambda x: (F.layer_norm(x, (100,)),), (8, 100), {}),
+    # A true division, not a multiplication by the reciprocal 1/3.
+    "division_by_a_constant": (lambda x: (x / 3.0,), (1000,), {}),
+    # exp, used twice, is computed once and stored in bfloat16, not recomputed in
+    # float32 by the reduction (ir.is_cpu in should_realize_on_reuse). Compiled
+    # code skips the rounding to bfloat16 inside a kernel, on both devices, so it
+    # is as close to eager as bfloat16 is.
+    "reused_exp_in_bfloat16": (_reused_exp_in_bfloat16, (64, 64), dict(rtol=1.6e-2, atol=1e-5)),
+    # The row-major index of the maximum of a transpose, not the kernel's loop index.
+    "argmax_of_a_transpose": (lambda x: (torch.argmax(x.t()),), (30, 40), {}),
+}
+
+
+@pytest.mark.parametrize("case", CPU_LOWERING_CHOICES)
+def test_inductor_generates_the_cpus_kernels_for_openreg(case):
+    # Compiled openreg code is compiled CPU code on device memory, kernel for
+    # kernel, so it computes bitwise what compiled CPU code computes.
+    fn, shape, tolerance = CPU_LOWERING_CHOICES[case]
+    x_cpu = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    got, want, source_cpu, source = compile_on_cpu_and_openreg(fn, x_cpu)
+
+    assert_ran_cpp_kernels(source)
+    assert cpp_kernels(source) == cpp_kernels(source_cpu)
+    for g, w, eager in zip(got, want, fn(x_cpu), strict=True):
+        assert torch.equal(g, w)
+        torch.testing.assert_close(g, eager, **tolerance)
+
+
+def test_fx_graph_cache_key_covers_openregs_code_generation():
+    # A graph cached by another version of openreg's code generation (one that
+    # lowered LayerNorm with Welford, say) must not be reused: the key hashes
+    # the files that shape openreg's graphs through CodegenVersion.uuid, and the
+    # configuration the lowering choices read.
+    files = set(openreg_inductor._CODEGEN_FILES)
+    assert {openreg_inductor.__file__, openreg_inductor._inductor_lowering.__file__} <= files
+
+    def fn(x):
+        return F.layer_norm(x, (16,))
+
+    x = torch.randn(4, 16, device="openreg")
+
+    def compile_counting_hits():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(fn)(x)
+        return counters["inductor"]["fxgraph_cache_hit"]
+
+    with fresh_cache(), inductor_config.patch(fx_graph_cache=True):
+        assert compile_counting_hits() == 0
+        assert compile_counting_hits() == 1
+        with inductor_config.patch({"cpp.use_two_step_variance_threshold": 8}):
+            assert compile_counting_hits() == 0
+        another_version = lambda self: b"another version of openreg's code generation"  # noqa: E731
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(openreg_inductor.CodegenVersion, "uuid", another_version)
+            assert compile_counting_hits() == 0
 
 
 def test_mlp_forward_and_backward_match_eager():
