@@ -6,6 +6,7 @@ one asserts that Inductor generated C++ kernels and that the wrapper calls them 
 openreg's host aliases (docs/compile.md).
 """
 
+import copy
 import gc
 import re
 import subprocess
@@ -20,6 +21,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import metrics
 from torch._inductor.exc import InductorError
 from torch._inductor.utils import fresh_cache, run_and_get_code
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_openreg.openreg._inductor as openreg_inductor
 from torch_openreg.openreg._dynamo import OpenRegInterface
@@ -187,7 +189,8 @@ def test_fx_graph_cache_key_covers_openregs_code_generation():
     # the files that shape openreg's graphs through CodegenVersion.uuid, and the
     # configuration the lowering choices read.
     files = set(openreg_inductor._CODEGEN_FILES)
-    assert {openreg_inductor.__file__, openreg_inductor._inductor_lowering.__file__} <= files
+    assert {openreg_inductor.__file__, openreg_inductor._inductor_lowering.__file__,
+            openreg_inductor._fake_tensor.__file__} <= files
 
     def fn(x):
         return F.layer_norm(x, (16,))
@@ -331,6 +334,88 @@ def test_aot_eager_forward_and_backward_match_eager():
     torch.testing.assert_close(out.cpu(), want)
     torch.testing.assert_close(x.grad.cpu(), x_cpu.grad)
     torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+def _conv_args(memory_format, device):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=generator).to(device, memory_format=memory_format)
+    w = torch.randn(8, 3, 4, 4, generator=generator).to(device, memory_format=memory_format)
+    return x, w, torch.randn(8, generator=generator).to(device)
+
+
+_CONV = dict(stride=[4, 4], padding=[0, 0], dilation=[1, 1], transposed=False, output_padding=[0, 0], groups=1)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_fake_convolution_predicts_the_strides_openreg_returns(memory_format):
+    # openreg's convolution runs CPU's kernel on host aliases, so it returns
+    # CPU's strides: channels-last when an operand is. Fake tensors (compile,
+    # export) must predict them, although _select_conv_backend answers
+    # Overrideable for PrivateUse1 (torch_openreg/openreg/_fake_tensor.py).
+    def conv_and_backward(x, w, b):
+        out = torch.ops.aten.convolution(x, w, b, **_CONV)
+        grads = torch.ops.aten.convolution_backward(
+            torch.ones_like(out), x, w, [8], **_CONV, output_mask=[True, True, True]
+        )
+        return (out, *grads)
+
+    cpu = conv_and_backward(*_conv_args(memory_format, "cpu"))
+    real = conv_and_backward(*_conv_args(memory_format, "openreg"))
+    mode = FakeTensorMode()
+    fake_args = [mode.from_tensor(t) for t in _conv_args(memory_format, "openreg")]
+    with mode:
+        fake = conv_and_backward(*fake_args)
+
+    for c, r, f in zip(cpu, real, fake):
+        assert r.stride() == c.stride()
+        torch.testing.assert_close(r.cpu(), c)
+        assert (f.device, f.shape, f.stride()) == (r.device, r.shape, r.stride())
+
+
+class _PatchEmbedding(torch.nn.Module):
+    """A convolution whose output is flattened: the reshape is a view only if the
+    output is contiguous, which is decided from the predicted strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.flatten(2), y
+
+
+def test_inductor_layout_optimization_of_a_convolution_matches_eager():
+    # Inductor makes the operands of this convolution channels-last
+    # (GraphLowering.decide_layout_opt) and asserts the strides it predicted for
+    # the output (assert_size_stride).
+    model_cpu = _PatchEmbedding()
+    x_cpu = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # an inference graph, whose heuristic takes the layout (ViT's case)
+        out, source = compile_and_run(copy.deepcopy(model_cpu).openreg(), x_cpu.openreg())
+
+    assert_ran_cpp_kernels(source)
+    assert "assert_size_stride" in source
+    for got, want in zip(out, model_cpu(x_cpu)):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_channels_last_convolution_traces_with_aot_eager_and_export():
+    model_cpu = _PatchEmbedding()
+    model = copy.deepcopy(model_cpu).openreg()
+    x_cpu = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    x = x_cpu.openreg()
+    want = model_cpu(x_cpu)
+
+    aot_eager = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    exported = torch.export.export(model, (x,))
+    (conv,) = [n for n in exported.graph.nodes if n.target is torch.ops.aten.conv2d.default]
+    assert conv.meta["val"].stride() == want[1].stride()
+    for out in (aot_eager, exported.module()(x)):
+        for got, w in zip(out, want):
+            assert got.stride() == w.stride()
+            torch.testing.assert_close(got.cpu(), w)
 
 
 @pytest.mark.parametrize(

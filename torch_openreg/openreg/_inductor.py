@@ -48,7 +48,7 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_fo
 from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.virtualized import V
 
-from torch_openreg.openreg import _inductor_lowering
+from torch_openreg.openreg import _fake_tensor, _inductor_lowering
 
 # The name the generated module calls; imported in its header.
 HOST_ALIASES = "openreg_host_aliases"
@@ -204,6 +204,7 @@ class OpenRegDeviceOpOverrides(DeviceOpOverrides):
 _CODEGEN_FILES = (
     __file__,
     _inductor_lowering.__file__,  # the lowering choices
+    _fake_tensor.__file__,  # the strides predicted for convolutions, which the wrapper asserts
 )
 
 
@@ -214,7 +215,8 @@ class CodegenVersion(CustomGraphModulePass):
     (including ``config.cpp.use_two_step_variance_threshold``, which the
     lowering choices read), not an out-of-tree backend's code: without this, a
     wrapper module cached by another version of these files (say one lowered
-    LayerNorm with Welford) would be loaded as is. Inductor hashes the ``uuid()`` of each device's registered pass
+    LayerNorm with Welford, or predicted a contiguous convolution) would be
+    loaded as is. Inductor hashes the ``uuid()`` of each device's registered pass
     (``custom_backend_passes`` in FxGraphHashDetails, which AOTAutograd's cache
     key includes too); in torch 2.13 nothing calls the pass itself.
     """
