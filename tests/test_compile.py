@@ -6,6 +6,7 @@ one asserts that Inductor generated C++ kernels and that the wrapper calls them 
 openreg's host aliases (docs/compile.md).
 """
 
+import copy
 import gc
 import re
 import subprocess
@@ -16,11 +17,16 @@ import torch
 import torch._dynamo
 import torch._inductor.config as inductor_config
 from torch._dynamo.device_interface import get_interface_for_device
+from torch._dynamo.utils import counters
 from torch._inductor import metrics
 from torch._inductor.exc import InductorError
-from torch._inductor.utils import run_and_get_code
+from torch._inductor.utils import fresh_cache, run_and_get_code
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+import torch_openreg.openreg._inductor as openreg_inductor
 from torch_openreg.openreg._dynamo import OpenRegInterface
+
+F = torch.nn.functional
 
 KERNEL_CALL = "(*openreg_host_aliases(("
 
@@ -122,6 +128,90 @@ def test_float16_is_computed_as_on_cpu():
     assert out.dtype == torch.float16
     assert torch.equal(out.cpu(), want)
     torch.testing.assert_close(out.cpu(), fn(x_cpu))
+
+
+def cpp_kernels(source):
+    """The C++ source of each kernel of a wrapper module, in order."""
+    return re.findall(r"async_compile\.cpp_pybinding\(.*?'''\)", source, re.S)
+
+
+def compile_on_cpu_and_openreg(fn, *args_cpu):
+    """Compiles and runs fn on the CPU, then on openreg; returns both results (a
+    tuple of CPU tensors each) and both wrapper sources."""
+    torch._dynamo.reset()
+    want, source_cpu = compile_and_run(fn, *args_cpu)
+    torch._dynamo.reset()
+    got, source = compile_and_run(fn, *(a.openreg() for a in args_cpu))
+    return tuple(t.cpu() for t in got), tuple(want), source_cpu, source
+
+
+def _reused_exp_in_bfloat16(x):
+    y = (x.exp() * 2).to(torch.bfloat16)
+    return y.float() + 1, y.float().sum(0)
+
+
+# One graph per lowering decision of Inductor that tests the CPU device and that
+# openreg takes too (torch_openreg/openreg/_inductor_lowering.py): function,
+# input shape, tolerance against eager.
+CPU_LOWERING_CHOICES = {
+    # var_mean with two passes, not Welford.
+    "layer_norm": (lambda x: (F.layer_norm(x, (100,)),), (8, 100), {}),
+    # A true division, not a multiplication by the reciprocal 1/3.
+    "division_by_a_constant": (lambda x: (x / 3.0,), (1000,), {}),
+    # exp, used twice, is computed once and stored in bfloat16, not recomputed in
+    # float32 by the reduction (ir.is_cpu in should_realize_on_reuse). Compiled
+    # code skips the rounding to bfloat16 inside a kernel, on both devices, so it
+    # is as close to eager as bfloat16 is.
+    "reused_exp_in_bfloat16": (_reused_exp_in_bfloat16, (64, 64), dict(rtol=1.6e-2, atol=1e-5)),
+    # The row-major index of the maximum of a transpose, not the kernel's loop index.
+    "argmax_of_a_transpose": (lambda x: (torch.argmax(x.t()),), (30, 40), {}),
+}
+
+
+@pytest.mark.parametrize("case", CPU_LOWERING_CHOICES)
+def test_inductor_generates_the_cpus_kernels_for_openreg(case):
+    # Compiled openreg code is compiled CPU code on device memory, kernel for
+    # kernel, so it computes bitwise what compiled CPU code computes.
+    fn, shape, tolerance = CPU_LOWERING_CHOICES[case]
+    x_cpu = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    got, want, source_cpu, source = compile_on_cpu_and_openreg(fn, x_cpu)
+
+    assert_ran_cpp_kernels(source)
+    assert cpp_kernels(source) == cpp_kernels(source_cpu)
+    for g, w, eager in zip(got, want, fn(x_cpu), strict=True):
+        assert torch.equal(g, w)
+        torch.testing.assert_close(g, eager, **tolerance)
+
+
+def test_fx_graph_cache_key_covers_openregs_code_generation():
+    # A graph cached by another version of openreg's code generation (one that
+    # lowered LayerNorm with Welford, say) must not be reused: the key hashes
+    # the files that shape openreg's graphs through CodegenVersion.uuid, and the
+    # configuration the lowering choices read.
+    files = set(openreg_inductor._CODEGEN_FILES)
+    assert {openreg_inductor.__file__, openreg_inductor._inductor_lowering.__file__,
+            openreg_inductor._fake_tensor.__file__} <= files
+
+    def fn(x):
+        return F.layer_norm(x, (16,))
+
+    x = torch.randn(4, 16, device="openreg")
+
+    def compile_counting_hits():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(fn)(x)
+        return counters["inductor"]["fxgraph_cache_hit"]
+
+    with fresh_cache(), inductor_config.patch(fx_graph_cache=True):
+        assert compile_counting_hits() == 0
+        assert compile_counting_hits() == 1
+        with inductor_config.patch({"cpp.use_two_step_variance_threshold": 8}):
+            assert compile_counting_hits() == 0
+        another_version = lambda self: b"another version of openreg's code generation"  # noqa: E731
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(openreg_inductor.CodegenVersion, "uuid", another_version)
+            assert compile_counting_hits() == 0
 
 
 def test_mlp_forward_and_backward_match_eager():
@@ -244,6 +334,88 @@ def test_aot_eager_forward_and_backward_match_eager():
     torch.testing.assert_close(out.cpu(), want)
     torch.testing.assert_close(x.grad.cpu(), x_cpu.grad)
     torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+def _conv_args(memory_format, device):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=generator).to(device, memory_format=memory_format)
+    w = torch.randn(8, 3, 4, 4, generator=generator).to(device, memory_format=memory_format)
+    return x, w, torch.randn(8, generator=generator).to(device)
+
+
+_CONV = dict(stride=[4, 4], padding=[0, 0], dilation=[1, 1], transposed=False, output_padding=[0, 0], groups=1)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_fake_convolution_predicts_the_strides_openreg_returns(memory_format):
+    # openreg's convolution runs CPU's kernel on host aliases, so it returns
+    # CPU's strides: channels-last when an operand is. Fake tensors (compile,
+    # export) must predict them, although _select_conv_backend answers
+    # Overrideable for PrivateUse1 (torch_openreg/openreg/_fake_tensor.py).
+    def conv_and_backward(x, w, b):
+        out = torch.ops.aten.convolution(x, w, b, **_CONV)
+        grads = torch.ops.aten.convolution_backward(
+            torch.ones_like(out), x, w, [8], **_CONV, output_mask=[True, True, True]
+        )
+        return (out, *grads)
+
+    cpu = conv_and_backward(*_conv_args(memory_format, "cpu"))
+    real = conv_and_backward(*_conv_args(memory_format, "openreg"))
+    mode = FakeTensorMode()
+    fake_args = [mode.from_tensor(t) for t in _conv_args(memory_format, "openreg")]
+    with mode:
+        fake = conv_and_backward(*fake_args)
+
+    for c, r, f in zip(cpu, real, fake):
+        assert r.stride() == c.stride()
+        torch.testing.assert_close(r.cpu(), c)
+        assert (f.device, f.shape, f.stride()) == (r.device, r.shape, r.stride())
+
+
+class _PatchEmbedding(torch.nn.Module):
+    """A convolution whose output is flattened: the reshape is a view only if the
+    output is contiguous, which is decided from the predicted strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.flatten(2), y
+
+
+def test_inductor_layout_optimization_of_a_convolution_matches_eager():
+    # Inductor makes the operands of this convolution channels-last
+    # (GraphLowering.decide_layout_opt) and asserts the strides it predicted for
+    # the output (assert_size_stride).
+    model_cpu = _PatchEmbedding()
+    x_cpu = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # an inference graph, whose heuristic takes the layout (ViT's case)
+        out, source = compile_and_run(copy.deepcopy(model_cpu).openreg(), x_cpu.openreg())
+
+    assert_ran_cpp_kernels(source)
+    assert "assert_size_stride" in source
+    for got, want in zip(out, model_cpu(x_cpu)):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_channels_last_convolution_traces_with_aot_eager_and_export():
+    model_cpu = _PatchEmbedding()
+    model = copy.deepcopy(model_cpu).openreg()
+    x_cpu = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    x = x_cpu.openreg()
+    want = model_cpu(x_cpu)
+
+    aot_eager = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    exported = torch.export.export(model, (x,))
+    (conv,) = [n for n in exported.graph.nodes if n.target is torch.ops.aten.conv2d.default]
+    assert conv.meta["val"].stride() == want[1].stride()
+    for out in (aot_eager, exported.module()(x)):
+        for got, w in zip(out, want):
+            assert got.stride() == w.stride()
+            torch.testing.assert_close(got.cpu(), w)
 
 
 @pytest.mark.parametrize(

@@ -48,4 +48,12 @@ _import_hooks.when_imported(
     lambda _: importlib.import_module("torch_openreg.openreg._inductor").register(),
 )
 
+# Fake tensors (torch.compile, torch.export) must predict the strides openreg's
+# convolution returns, which are CPU's (torch_openreg/openreg/_fake_tensor.py).
+# torch imports fake_impls itself, so this usually runs at once.
+_import_hooks.when_imported(
+    "torch._subclasses.fake_impls",
+    lambda _: importlib.import_module("torch_openreg.openreg._fake_tensor").register(),
+)
+
 __all__ = ["openreg"]

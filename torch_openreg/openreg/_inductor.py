@@ -24,6 +24,10 @@ calls it once ``torch._inductor.compile_fx`` has been imported (every Inductor
 compilation goes through that module, and by then the modules imported here are
 loaded), so ``import torch`` does not import Inductor.
 
+Since the kernels are CPU kernels, ``register`` also gives openreg graphs the
+lowering choices Inductor makes for the CPU (``_inductor_lowering``), so that a graph
+compiles to the kernels it compiles to on the CPU.
+
 The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) and the FX wrapper
 (``fx_wrapper=True``) are refused with an explanation: see ``OpenRegCppWrapperCodegen``.
 """
@@ -43,6 +47,8 @@ from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPython
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.virtualized import V
+
+from torch_openreg.openreg import _fake_tensor, _inductor_lowering
 
 # The name the generated module calls; imported in its header.
 HOST_ALIASES = "openreg_host_aliases"
@@ -194,21 +200,32 @@ class OpenRegDeviceOpOverrides(DeviceOpOverrides):
         return "torch.openreg.current_stream()"
 
 
-class CodegenVersion(CustomGraphModulePass):
-    """Puts this file into the key of Inductor's FX graph cache.
+# The files whose code decides what Inductor generates for an openreg graph.
+_CODEGEN_FILES = (
+    __file__,
+    _inductor_lowering.__file__,  # the lowering choices
+    _fake_tensor.__file__,  # the strides predicted for convolutions, which the wrapper asserts
+)
 
-    The cache key hashes torch's sources, the graph and the configuration, not an
-    out-of-tree backend's code generator: without this, a wrapper module cached by
-    another version of this file would be loaded as is. Inductor hashes the
-    ``uuid()`` of each device's registered pass (``custom_backend_passes`` in
-    FxGraphHashDetails); in torch 2.13 nothing calls the pass itself.
+
+class CodegenVersion(CustomGraphModulePass):
+    """Puts openreg's code generation into the key of Inductor's FX graph cache.
+
+    The cache key hashes torch's sources, the graph and the configuration
+    (including ``config.cpp.use_two_step_variance_threshold``, which the
+    lowering choices read), not an out-of-tree backend's code: without this, a
+    wrapper module cached by another version of these files (say one lowered
+    LayerNorm with Welford, or predicted a contiguous convolution) would be
+    loaded as is. Inductor hashes the ``uuid()`` of each device's registered pass
+    (``custom_backend_passes`` in FxGraphHashDetails, which AOTAutograd's cache
+    key includes too); in torch 2.13 nothing calls the pass itself.
     """
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         pass
 
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
+        return get_hash_for_files(_CODEGEN_FILES)
 
 
 def _count_openreg_nodes_as_cpu_nodes() -> None:
@@ -239,6 +256,7 @@ def _count_openreg_nodes_as_cpu_nodes() -> None:
 def register() -> None:
     """Makes ``openreg`` a device Inductor generates code for."""
     _count_openreg_nodes_as_cpu_nodes()
+    _inductor_lowering.register()
     register_device_op_overrides("openreg", OpenRegDeviceOpOverrides())
     register_backend_for_device(
         "openreg",

@@ -1,0 +1,73 @@
+"""What fake tensors must know about openreg: the strides of its convolutions.
+
+torch.compile, torch.export and AOTAutograd trace a program on fake tensors, and
+every later step trusts the strides those predict: Inductor's generated wrapper
+asserts them (``assert_size_stride``), and a graph that reshapes a convolution's
+output into a view is only valid if the real output has the predicted layout.
+
+The fake convolution (``conv`` in torch/_subclasses/fake_impls.py, registered for
+``convolution``, ``_convolution`` and ``convolution_backward``) asks
+``torch._C._select_conv_backend`` which kernel the device would run and takes
+that kernel's memory format. For a PrivateUse1 tensor the answer is
+``Overrideable``, whose format is always contiguous. But openreg's convolution is
+CPU's, run on host aliases of the device memory (``convolution`` and
+``convolution_backward`` under ``cpu_kernels:`` in backend_functions.yaml), so it
+picks CPU's kernel, oneDNN's for float32, whose output is channels-last when an
+operand is. The prediction was wrong for every channels-last convolution, as soon
+as Inductor's layout optimisation or the user made one.
+
+``register`` wraps the fake convolution so that for openreg operands it predicts
+on CPU fake tensors of the same sizes and strides, as CPU's kernel selection sees
+the host aliases, then moves the prediction to the openreg device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses import fake_impls
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+
+# The operators fake_impls.conv predicts; openreg binds all of them to CPU's kernels.
+_CONV_OPS = (
+    aten.convolution.default,
+    aten._convolution.default,
+    aten._convolution.deprecated,
+    aten.convolution_backward.default,
+)
+_CPU = torch.device("cpu")
+
+
+def _on(fake_mode: FakeTensorMode, t: Any, device: torch.device) -> Any:
+    """A fake tensor like ``t`` (sizes, strides, dtype) on ``device``; other values as they are."""
+    if not isinstance(t, FakeTensor) or t.device == device:
+        return t
+    with fake_mode:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+
+def _predicted_as_on_cpu(torch_conv: Any) -> Any:
+    def conv(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+        device = next(
+            (t.device for t in (*args, *kwargs.values()) if isinstance(t, FakeTensor) and t.device.type == "openreg"),
+            None,
+        )
+        if device is None:
+            return torch_conv(fake_mode, func, *args, **kwargs)
+        args, kwargs = tree_map(lambda t: _on(fake_mode, t, _CPU), (args, kwargs))
+        return tree_map(lambda t: _on(fake_mode, t, device), torch_conv(fake_mode, func, *args, **kwargs))
+
+    conv._openreg = True  # type: ignore[attr-defined]
+    return conv
+
+
+def register() -> None:
+    """Makes the fake convolution predict openreg's output strides as CPU's."""
+    for op in _CONV_OPS:
+        torch_conv = fake_impls.op_implementations_dict[op]
+        if not getattr(torch_conv, "_openreg", False):
+            fake_impls.op_implementations_dict[op] = _predicted_as_on_cpu(torch_conv)
