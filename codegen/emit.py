@@ -261,19 +261,20 @@ def register_fallback(cfg: BackendConfig) -> str:
             "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());\n"
             "}"
         )
+        sections.append(
+            "// Nested tensors of the strided layout have a dispatch key of their own,\n"
+            "// which no openreg kernel serves: every operator on them raises an error that\n"
+            "// says so, instead of torch's \"Could not run ... 'NestedTensoropenreg'\".\n"
+            "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
+            "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());\n"
+            "}"
+        )
     else:
         sections.append(
             "// The global CPU fallback is off (fallback.global: false): operators without an\n"
-            "// openreg kernel raise torch's \"Could not run ... 'PrivateUse1' backend\" error."
+            "// openreg kernel, and every operator on a nested tensor, raise torch's\n"
+            "// \"Could not run ...\" error."
         )
-    sections.append(
-        "// Nested tensors of the strided layout have a dispatch key of their own,\n"
-        "// which no openreg kernel serves: every operator on them raises an error that\n"
-        "// says so, instead of torch's \"Could not run ... 'NestedTensoropenreg'\".\n"
-        "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
-        "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());\n"
-        "}"
-    )
     if impls:
         sections.append(
             "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n" + "\n".join(impls) + "\n}"

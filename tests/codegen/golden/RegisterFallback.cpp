@@ -72,14 +72,8 @@ const std::vector<Binding>& bindings() {
 using openreg::generated::blocked_kernel;
 
 // The global CPU fallback is off (fallback.global: false): operators without an
-// openreg kernel raise torch's "Could not run ... 'PrivateUse1' backend" error.
-
-// Nested tensors of the strided layout have a dispatch key of their own,
-// which no openreg kernel serves: every operator on them raises an error that
-// says so, instead of torch's "Could not run ... 'NestedTensoropenreg'".
-TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());
-}
+// openreg kernel, and every operator on a nested tensor, raise torch's
+// "Could not run ..." error.
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mm", torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());
