@@ -110,6 +110,18 @@ def test_fused_cells_refuse_gates_of_mismatched_shapes():
         torch.ops.aten._thnn_fused_gru_cell(torch.zeros(2, 6, device=DEV), torch.zeros(3, 6, device=DEV), torch.zeros(2, 2, device=DEV))
 
 
+def ops_of_bitwise_equal_run(cpu, dev, x):
+    """Runs forward and backward on both modules, requires CPU's bits on
+    openreg, and returns the operators openreg's run called."""
+    out_cpu, grads_cpu = run(cpu, x, "cpu")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out_dev, grads_dev = run(dev, x, DEV)
+    torch.testing.assert_close(out_dev, out_cpu, rtol=0, atol=0)
+    for g_dev, g_cpu in zip(grads_dev, grads_cpu, strict=True):
+        torch.testing.assert_close(g_dev, g_cpu, rtol=0, atol=0)
+    return {e.key for e in prof.key_averages()}
+
+
 @pytest.mark.parametrize(
     "factory",
     [
@@ -121,16 +133,9 @@ def test_fused_cells_refuse_gates_of_mismatched_shapes():
 )
 def test_lstm_takes_cpus_onednn_route_with_cpus_bits(factory):
     cpu, dev = pair(factory)
-    x = torch.randn(5, 3, 6)
-    out_cpu, grads_cpu = run(cpu, x, "cpu")
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        out_dev, grads_dev = run(dev, x, DEV)
-    names = {e.key for e in prof.key_averages()}
+    names = ops_of_bitwise_equal_run(cpu, dev, torch.randn(5, 3, 6))
     assert "aten::mkldnn_rnn_layer" in names and "aten::mkldnn_rnn_layer_backward" in names
     assert "aten::_thnn_fused_lstm_cell" not in names
-    torch.testing.assert_close(out_dev, out_cpu, rtol=0, atol=0)
-    for g_dev, g_cpu in zip(grads_dev, grads_cpu, strict=True):
-        torch.testing.assert_close(g_dev, g_cpu, rtol=0, atol=0)
 
 
 def test_lstm_dropout_between_layers_draws_from_the_devices_generator_like_cpu():
@@ -168,15 +173,8 @@ def test_lstm_outside_cpus_onednn_route_takes_the_fused_cells():
 )
 def test_gru_takes_cpus_route_with_cpus_bits(factory):
     cpu, dev = pair(factory)
-    x = torch.randn(5, 3, 6, dtype=next(cpu.parameters()).dtype)
-    out_cpu, grads_cpu = run(cpu, x, "cpu")
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        out_dev, grads_dev = run(dev, x, DEV)
-    names = {e.key for e in prof.key_averages()}
+    names = ops_of_bitwise_equal_run(cpu, dev, torch.randn(5, 3, 6, dtype=next(cpu.parameters()).dtype))
     assert "aten::_thnn_fused_gru_cell" not in names
-    torch.testing.assert_close(out_dev, out_cpu, rtol=0, atol=0)
-    for g_dev, g_cpu in zip(grads_dev, grads_cpu, strict=True):
-        torch.testing.assert_close(g_dev, g_cpu, rtol=0, atol=0)
 
 
 def test_gru_with_initial_state_dropout_and_bad_shapes():
