@@ -652,6 +652,8 @@ HOST_IMPL = {
     "triu.out": lambda t: (t(4, 6), -1),
     "sort.values_stable": lambda t: (t(4, 6), {"stable": True, "dim": 0, "descending": True}),
     "topk.values": lambda t: (t(4, 6), 3, 1),
+    "isin.Tensor_Tensor_out": lambda t: (t(4, 6).round(), t(7).round()),
+    "isin.Tensor_Scalar_out": lambda t: (t(4, 6).round(), 0.0),
 }
 HOST_IMPL_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.host_impl}
 
@@ -853,3 +855,22 @@ def test_host_impl_leaves_no_memory_behind():
     assert torch.openreg.memory_allocated() == before
     x.add_(1)  # the operand is still a usable device tensor
     assert_close(torch.softmax(x, -1).cpu(), torch.softmax(x.cpu(), -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reduced_float_sum_over_two_strided_dims_takes_cpus_float_buffer(dtype):
+    """CPU sums half/bfloat16 through a float buffer where the iterator keeps
+    two reduced dimensions (ReduceOps.cpp: should_use_acc_buffer, which asks
+    is_cpu()); openreg's sum impl does too, so strided sums keep CPU's bits."""
+    base = torch.randn(100, generator=torch.Generator().manual_seed(3)).mul(8).to(dtype)
+    for size, stride, offset, dims in (
+        ((1, 3, 4), (20, 5, 1), 26, None),
+        ((3, 4), (5, 1), 26, None),
+        ((4, 5, 3), (1, 12, 4), 0, (0, 1)),
+        ((4, 5, 3), (1, 12, 4), 0, (1, 2)),
+    ):
+        cpu = base.as_strided(size, stride, offset)
+        dev = base.to(DEV).as_strided(size, stride, offset)
+        expected = cpu.sum() if dims is None else cpu.sum(dims)
+        got = dev.sum() if dims is None else dev.sum(dims)
+        assert torch.equal(got.cpu(), expected), (size, stride, dims)

@@ -1,5 +1,11 @@
 // openreg kernels for reduction DispatchStubs that do not take a
-// TensorIterator (the ones that do run through `cpu_kernel: true`).
+// TensorIterator (the ones that do run through `cpu_kernel: true`), and sum's
+// impl().
+#include <ATen/native/ReduceOps.h>
+#include <ATen/native/ReduceOpsUtils.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegHostAlias.h"
 #include "aten/OpenRegStream.h"
@@ -23,4 +29,35 @@ void max_kernel(
   at::native::max_stub(c10::DeviceType::CPU, host_values.get(), host_indices.get(), host_self.get(), dim, keepdim);
 }
 
+// sum's impl() (`structured: impl: sum_out`): CPU's (ReduceOps.cpp,
+// TORCH_IMPL_FUNC(sum_out)), whose test for its float accumulation buffer
+// (should_use_acc_buffer) asks `iter.device().is_cpu()`. The buffer is how CPU
+// sums half and bfloat16 over two reduced dimensions the iterator could not
+// coalesce (pytorch#83149): without it, the kernel rounds each row's partial
+// sum to the output's dtype, and a strided half sum came out 1 ulp from CPU's.
+// The simulated device runs CPU's kernel, so it takes CPU's buffer too.
+void sum_out(
+    const at::Tensor& self,
+    at::OptionalIntArrayRef dim,
+    bool keepdim,
+    std::optional<at::ScalarType> /*dtype*/,
+    const at::Tensor& out) {
+  auto iter = at::meta::make_reduction_from_out_ty(self, out, dim, keepdim, out.scalar_type());
+  if (iter.numel() == 0) {
+    out.zero_();
+    return;
+  }
+  const bool reduces_two_dims_in_reduced_float = iter.noutputs() == 1 &&
+      at::isReducedFloatingType(iter.common_dtype()) && iter.ndim() >= 2 && iter.strides(0)[0] == 0 &&
+      iter.strides(0)[1] == 0;
+  if (reduces_two_dims_in_reduced_float) {
+    at::Tensor buffer = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    at::sum_outf(self.to(at::kFloat), dim, keepdim, /*dtype=*/std::nullopt, buffer);
+    out.copy_(buffer);
+    return;
+  }
+  at::native::sum_stub(iter.device_type(), iter);
+}
+
 } // namespace openreg::native
+
