@@ -164,13 +164,14 @@ def wrapper(
 
 def register_kernels(cfg: BackendConfig) -> str:
     wrappers = "\n\n".join(wrapper(cfg, e, None, (f"aten::{e.name}", "Kernel")) for e in cfg.kernels)
-    impls = "\n".join(
-        f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in cfg.kernels if not e.autograd
-    )
+    def impl(e: KernelEntry) -> str:
+        return f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));'
+
+    impls = "\n".join(impl(e) for e in cfg.kernels if not e.autograd)
     autograd = [e for e in cfg.kernels if e.autograd]
     autograd_impls = ""
     if autograd:
-        lines = "".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));\n' for e in autograd)
+        lines = "".join(impl(e) + "\n" for e in autograd)
         autograd_impls = (
             "\n// Autograd kernels of CompositeImplicitAutograd operators (autograd: true):\n"
             "// they replace torch's composite for openreg tensors, and autograd records\n"

@@ -48,7 +48,7 @@ void cat_out(
     return;
   }
   // A small output, or one thread: CPU copies serially too. A large one goes
-  // through copy_, which runs in parallel.
+  // through CPU's copy kernel below, which runs in parallel.
   const bool serial = out.numel() < at::internal::GRAIN_SIZE || at::get_num_threads() == 1;
   // meta()'s all_contiguous (operands and output) is also false when an
   // operand is skipped (an empty one, as a key/value cache's first cat has);

@@ -1,7 +1,6 @@
 // nn.LSTM's and nn.GRU's operators (lstm.input, gru.input) for openreg
 // tensors, and the fused LSTM and GRU cells that torch's RNN code calls for
-// PrivateUse1
-// tensors (aten/src/ATen/native/RNN.cpp: LSTMCell and GRUCell take
+// PrivateUse1 tensors (aten/src/ATen/native/RNN.cpp: LSTMCell and GRUCell take
 // `_thnn_fused_*_cell` when `input.is_privateuseone()`, as for CUDA), and
 // their backward functions (derivatives.yaml). CPU has no kernel for them, so
 // without these nn.LSTM, nn.GRU and their cells cannot run on openreg at all.
@@ -47,6 +46,26 @@ void check_cell_gates(const at::Tensor& input_gates, const at::Tensor& hidden_ga
       input_gates.sizes(),
       " and ",
       hidden_gates.sizes());
+}
+
+// The gates and next hidden state of one GRU step from its input and hidden
+// gates (biases added), in the order of CPU's GRUCell. The reset and update
+// gates are computed in place in `hgates`; the hidden new gate, hgates[2],
+// stays as it is (the fused cell's backward needs it).
+struct GruStep {
+  at::Tensor reset_gate;
+  at::Tensor input_gate;
+  at::Tensor new_gate;
+  at::Tensor hy;
+};
+
+GruStep gru_step(const std::vector<at::Tensor>& igates, const std::vector<at::Tensor>& hgates, const at::Tensor& hx) {
+  GruStep step;
+  step.reset_gate = hgates[0].add_(igates[0]).sigmoid_();
+  step.input_gate = hgates[1].add_(igates[1]).sigmoid_();
+  step.new_gate = igates[2].add(hgates[2] * step.reset_gate).tanh_();
+  step.hy = (hx - step.new_gate).mul_(step.input_gate).add_(step.new_gate);
+  return step;
 }
 
 // CPU's test for its oneDNN LSTM (use_mkldnn in aten/src/ATen/native/RNN.cpp),
@@ -107,12 +126,7 @@ std::pair<at::Tensor, at::Tensor> gru_direction(
   std::vector<at::Tensor> outputs(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
     const size_t t = reverse ? steps.size() - 1 - i : i;
-    const auto igates = steps[t].unsafe_chunk(3, 1);
-    const auto hgates = at::linear(hidden, w_hh, b_hh).unsafe_chunk(3, 1);
-    const at::Tensor reset_gate = hgates[0].add_(igates[0]).sigmoid_();
-    const at::Tensor input_gate = hgates[1].add_(igates[1]).sigmoid_();
-    const at::Tensor new_gate = igates[2].add(hgates[2].mul_(reset_gate)).tanh_();
-    hidden = (hidden - new_gate).mul_(input_gate).add_(new_gate);
+    hidden = gru_step(steps[t].unsafe_chunk(3, 1), at::linear(hidden, w_hh, b_hh).unsafe_chunk(3, 1), hidden).hy;
     outputs[t] = hidden;
   }
   return {at::stack(outputs, 0), hidden};
@@ -233,18 +247,10 @@ std::tuple<at::Tensor, at::Tensor> thnn_fused_gru_cell(
     const std::optional<at::Tensor>& input_bias,
     const std::optional<at::Tensor>& hidden_bias) {
   check_cell_gates(input_gates, hidden_gates, 3, "_thnn_fused_gru_cell");
-  const at::Tensor igates = with_bias(input_gates, input_bias);
-  const at::Tensor hgates = with_bias(hidden_gates, hidden_bias);
-  auto chunked_igates = igates.unsafe_chunk(3, 1);
-  auto chunked_hgates = hgates.unsafe_chunk(3, 1);
-  // CPU's order (RNN.cpp, GRUCell); the hidden new gate is multiplied out of
-  // place because the backward needs it.
-  at::Tensor reset_gate = chunked_hgates[0].add(chunked_igates[0]).sigmoid_();
-  at::Tensor input_gate = chunked_hgates[1].add(chunked_igates[1]).sigmoid_();
-  at::Tensor new_gate = chunked_igates[2].add(chunked_hgates[2] * reset_gate).tanh_();
-  at::Tensor hy = (hx - new_gate).mul_(input_gate).add_(new_gate);
-  at::Tensor workspace = at::cat({reset_gate, input_gate, new_gate, hx, chunked_hgates[2]}, 1);
-  return {std::move(hy), std::move(workspace)};
+  const auto hgates = with_bias(hidden_gates, hidden_bias).unsafe_chunk(3, 1);
+  GruStep step = gru_step(with_bias(input_gates, input_bias).unsafe_chunk(3, 1), hgates, hx);
+  at::Tensor workspace = at::cat({step.reset_gate, step.input_gate, step.new_gate, hx, hgates[2]}, 1);
+  return {std::move(step.hy), std::move(workspace)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> thnn_fused_gru_cell_backward(

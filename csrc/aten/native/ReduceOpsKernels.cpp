@@ -60,4 +60,3 @@ void sum_out(
 }
 
 } // namespace openreg::native
-
