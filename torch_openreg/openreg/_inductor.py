@@ -14,8 +14,10 @@ an openreg tensor is a device-view address host code must not touch
 the same bytes at their kernel-view address (other arguments pass through) after
 joining the current stream of each device involved, so the kernel runs after the
 copies queued before it, exactly where an eager openreg kernel would. Everything else
-in the wrapper already works on openreg tensors: buffers come from ``empty_strided``
-(the openreg caching allocator) and extern kernels (``extern_kernels.mm``, fallback
+in the wrapper already works on openreg tensors. Buffers come from the openreg caching
+allocator through ``torch_openreg._C._empty_strided``, the counterpart of the
+``empty_strided_cpu``/``empty_strided_cuda`` Inductor calls for those devices (see
+``make_allocation``), and extern kernels (``extern_kernels.mm``, fallback
 operators) are aten calls that dispatch to openreg.
 
 ``register`` hands these classes to ``register_backend_for_device``, the entry point
@@ -50,9 +52,10 @@ from torch._inductor.virtualized import V
 
 from torch_openreg.openreg import _fake_tensor, _inductor_lowering
 
-# The name the generated module calls; imported in its header.
+# The names the generated module calls; imported in its header.
 HOST_ALIASES = "openreg_host_aliases"
-_HOST_ALIASES_IMPORT = f"from torch_openreg._C import _host_aliases as {HOST_ALIASES}"
+EMPTY_STRIDED = "empty_strided_openreg"
+_IMPORTS = f"from torch_openreg._C import _host_aliases as {HOST_ALIASES}, _empty_strided as {EMPTY_STRIDED}"
 
 
 _CPU = torch.device("cpu")
@@ -102,14 +105,27 @@ class _OpenRegKernelCalls:
         args = ", ".join(call_args)
         self.writeline(f"{kernel_name}(*{HOST_ALIASES}(({args},))){self.ending}")  # type: ignore[attr-defined]
 
-    def make_allocation(self, name: str, device: torch.device, *args: Any, **kwargs: Any) -> str:
-        line = super().make_allocation(name, device, *args, **kwargs)  # type: ignore[misc]
-        # PythonWrapperCodegen writes device='openreg' and relies on a device
-        # guard to pick the index, but Inductor emits guards only for GPU types
-        # (utils.device_need_guard). Name the index, or a graph on openreg:1
-        # would allocate its buffers on the current device.
-        if device.type == "openreg" and device.index is not None:
-            line = line.replace("device='openreg'", f"device='openreg:{device.index}'")
+    def make_allocation(
+        self, name: str, device: torch.device, dtype: torch.dtype, shape: Any, stride: Any,
+        allocation_shape: Any = None, is_pinned: bool = False,
+    ) -> str:
+        if device.type != "openreg" or torch._inductor.config.test_configs.track_memory_lifecycle:
+            return super().make_allocation(  # type: ignore[misc]
+                name, device, dtype, shape, stride, allocation_shape, is_pinned
+            )
+        # For CPU and CUDA buffers PythonWrapperCodegen calls empty_strided_cpu
+        # / empty_strided_cuda, which skip torch.empty_strided's argument parser
+        # and dispatch; openreg's counterpart is _C._empty_strided. It names the
+        # device index: Inductor emits device guards only for GPU types
+        # (utils.device_need_guard), so a graph on openreg:1 would otherwise
+        # allocate on the current device (-1 when the graph's device has no index).
+        shape_code = self.codegen_python_shape_tuple(shape)  # type: ignore[attr-defined]
+        allocation_code = self.codegen_python_shape_tuple(allocation_shape or shape)  # type: ignore[attr-defined]
+        stride_code = self.codegen_python_shape_tuple(stride)  # type: ignore[attr-defined]
+        index = -1 if device.index is None else device.index
+        line = f"{name} = {EMPTY_STRIDED}({allocation_code}, {stride_code}, {dtype}, {index})"
+        if shape_code != allocation_code:
+            line += f".as_strided({shape_code}, {stride_code})"
         return line
 
 
@@ -135,7 +151,7 @@ class OpenRegWrapperCodegen(_OpenRegKernelCalls, PythonWrapperCodegen):
     def write_header(self) -> None:
         super().write_header()
         # Subgraphs are functions of this same module and use the name too.
-        self.imports.writeline(_HOST_ALIASES_IMPORT)
+        self.imports.writeline(_IMPORTS)
 
 
 _CPP_WRAPPER_MESSAGE = (
