@@ -2,10 +2,19 @@
 
 Before compiling, `python -m codegen` turns backend_functions.yaml into C++
 under build/generated (rewritten only when the yaml's output changes).
+
+Builds are incremental, also under `pip install -e .`: objects go to
+build/temp (not the temporary directory pip's isolated build would use), and
+torch's headers are read from a copy under build/torch-headers, so that the
+compile commands and the headers' times stay the same from one isolated build
+environment to the next and ninja recompiles only what changed.
 """
 
 import glob
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,15 +27,37 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, include_path
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GENERATED = os.path.join("build", "generated")
+BUILD_TEMP = os.path.join(ROOT, "build", "temp")
+TORCH_HEADERS = os.path.join(ROOT, "build", "torch-headers")
+
+
+def codegen_inputs() -> str:
+    """A digest of what the generated code is made from: the yaml, the code
+    generator, and torch (torchgen and its native_functions.yaml)."""
+    import torch
+
+    digest = hashlib.sha256(f"{torch.__version__} {torch.version.git_version}".encode())
+    for path in ["backend_functions.yaml", *sorted(glob.glob("codegen/*.py", root_dir=ROOT))]:
+        with open(os.path.join(ROOT, path), "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read())
+    return digest.hexdigest()
 
 
 def run_codegen() -> None:
+    """Runs `python -m codegen` (3 s) unless its inputs are those of the files
+    already in build/generated."""
+    stamp = os.path.join(ROOT, GENERATED, ".inputs")
+    inputs = codegen_inputs()
+    if os.path.isfile(stamp) and open(stamp).read() == inputs:
+        return
     cmd = [
         sys.executable, "-m", "codegen",
         "--source-yaml", "backend_functions.yaml",
         "--output-dir", GENERATED,
     ]
     subprocess.run(cmd, cwd=ROOT, check=True)
+    with open(stamp, "w") as f:
+        f.write(inputs)
 
 
 def sources() -> list[str]:
@@ -35,13 +66,118 @@ def sources() -> list[str]:
     return hand_written + generated
 
 
+def stable_torch_headers(include_dirs: list[str]) -> list[str]:
+    """include_dirs with torch's include directory replaced by its copy under
+    build/torch-headers, made once per torch build. pip installs torch afresh
+    into every isolated build environment, at another path and with new file
+    times, which would make ninja recompile every unit."""
+    import torch
+
+    torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
+    version = f"{torch.__version__} {torch.version.git_version}\n"
+    stamp = os.path.join(TORCH_HEADERS, ".torch-version")
+    if not os.path.isfile(stamp) or open(stamp).read() != version:
+        shutil.rmtree(TORCH_HEADERS, ignore_errors=True)
+        shutil.copytree(torch_include, TORCH_HEADERS)
+        with open(stamp, "w") as f:
+            f.write(version)
+    return [
+        TORCH_HEADERS + d[len(torch_include):] if d == torch_include or d.startswith(torch_include + os.sep) else d
+        for d in include_dirs
+    ]
+
+
+def depfile_inputs(path: str) -> list[str]:
+    """The prerequisites a compiler's -MMD depfile lists."""
+    with open(path) as f:
+        text = f.read().replace("\\\n", " ")
+    return text.split(":", 1)[1].split()
+
+
+def build_precompiled_header(compiler, output_dir, macros, include_dirs, debug, extra_preargs, extra_postargs):
+    """Precompiles csrc/precompiled.h with the very command line ninja compiles
+    the units with (torch.utils.cpp_extension: unix_wrap_ninja_compile), into
+    <build_temp>/pch, and returns the units' extra arguments with an -include
+    of it. GCC takes the .gch beside the header it is told to include; a .gch
+    built from other flags would be refused (-Winvalid-pch says so). It is
+    rebuilt when its command or one of the headers it read changes; then the
+    header beside it is rewritten as well, and ninja, which sees it in every
+    unit's depfile, recompiles the units. Other compilers, or a header that
+    does not compile, get the arguments unchanged."""
+    cxx = compiler.compiler_so[0]
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    if "Free Software Foundation" not in version or "clang" in version:
+        return extra_postargs
+    _, _, _, pp_opts, _ = compiler._setup_compile(output_dir, macros, include_dirs, [], None, extra_postargs)
+    # -std is among them (extra_compile_args), so ninja's command adds none.
+    post = list(extra_postargs["cxx"] if isinstance(extra_postargs, dict) else extra_postargs)
+    pch_dir = os.path.join(output_dir, "pch")
+    header = os.path.join(pch_dir, "precompiled.h")
+    gch = header + ".gch"
+    command = [*compiler.compiler_so, *compiler._get_cc_args(pp_opts, debug, extra_preargs),
+               "-x", "c++-header", header, "-o", gch, "-MMD", "-MF", gch + ".d", *post]
+    stamp = gch + ".command"
+    source = os.path.join(ROOT, "csrc", "precompiled.h")
+    try:
+        current = (open(stamp).read() == json.dumps(command)
+                   and all(os.path.getmtime(d) < os.path.getmtime(gch)
+                           for d in [source, *depfile_inputs(gch + ".d")] if d != header))
+    except OSError:
+        current = False
+    if not current:
+        os.makedirs(pch_dir, exist_ok=True)
+        for stale in (gch, stamp):
+            if os.path.exists(stale):
+                os.remove(stale)
+        shutil.copyfile(source, header)
+        print(f"precompiling {os.path.relpath(source, ROOT)}", flush=True)
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            print(f"warning: {os.path.relpath(source, ROOT)} did not precompile, building without it:\n"
+                  f"{result.stderr[-2000:]}", flush=True)
+            return extra_postargs
+        with open(stamp, "w") as f:
+            f.write(json.dumps(command))
+    pch_args = ["-include", header, "-Winvalid-pch"]
+    if isinstance(extra_postargs, dict):
+        return {**extra_postargs, "cxx": [*extra_postargs["cxx"], *pch_args]}
+    return [*extra_postargs, *pch_args]
+
+
 class BuildWithCodegen(BuildExtension):
+    def finalize_options(self) -> None:
+        # Unless given (--build-temp), build_temp would come from the build
+        # command, which pip's editable build points at a temporary directory:
+        # the objects and ninja's log must outlive the build.
+        if self.build_temp is None:
+            self.build_temp = BUILD_TEMP
+        super().finalize_options()
+
     def run(self) -> None:
         run_codegen()
         # The generated files exist only now.
         for ext in self.extensions:
             ext.sources = sources()
+            ext.include_dirs = stable_torch_headers(ext.include_dirs)
         super().run()
+
+    def build_extension(self, ext) -> None:
+        # BuildExtension has made self.compiler.compile write and run ninja by
+        # now, and added its flags to ext: the header is precompiled with them.
+        compile_sources = self.compiler.compile
+
+        def compile_with_precompiled_header(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                                            extra_preargs=None, extra_postargs=None, depends=None):
+            extra_postargs = build_precompiled_header(
+                self.compiler, output_dir, macros, include_dirs, debug, extra_preargs, extra_postargs)
+            return compile_sources(sources, output_dir, macros, include_dirs, debug, extra_preargs,
+                                   extra_postargs, depends)
+
+        self.compiler.compile = compile_with_precompiled_header
+        try:
+            super().build_extension(ext)
+        finally:
+            self.compiler.compile = compile_sources
 
 
 openmp = ["-fopenmp"]
@@ -97,7 +233,9 @@ extension = CppExtension(
     name="torch_openreg._C",
     sources=sources(),
     include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED), kineto_include_dir()],
-    extra_compile_args={"cxx": ["-O2", *openmp, *dispatch_stub_abi, *sanitize_compile]},
+    # -g0: no debug information (Python's own flags ask for -g); it doubled the
+    # extension's size and cost a third of the compile time.
+    extra_compile_args={"cxx": ["-std=c++20", "-O2", "-g0", *openmp, *dispatch_stub_abi, *sanitize_compile]},
     extra_link_args=[*openmp, *sanitize_link],
 )
 

@@ -23,6 +23,8 @@ from codegen.model import (
     CPU_KERNEL_HEADER,
     DEVICE_HEADER,
     NATIVE_HEADER,
+    STRUCTURED_HEADER,
+    STRUCTURED_NAMESPACE,
     STRUCTURED_PREPARE,
     TRACE_HEADER,
     BackendConfig,
@@ -45,69 +47,6 @@ from torchgen.api.types import (
 from torchgen.context import native_function_manager
 from torchgen.model import NativeFunction, SchemaKind
 
-# Written after the helpers torchgen emits into every RegisterDispatchKey.cpp
-# (gen_registration_helpers).
-HELPERS = """\
-// Allocates on the device the class's guard selected, with the PrivateUse1
-// allocator and no trip through the dispatcher, as CPU's at::detail::empty_cpu.
-at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::PrivateUse1);
-  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  if (strides.empty()) {
-    return at::detail::empty_generic(
-        sizes, allocator, keys, c10::typeMetaToScalarType(options.dtype()), options.memory_format_opt());
-  }
-  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, c10::typeMetaToScalarType(options.dtype()));
-}
-
-// out= tensors: same dtype and device, resized if their shape differs; the
-// strides the meta function proposes are only applied to a resized tensor.
-void resize_out(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  TORCH_CHECK(options.dtype() == out.dtype(),
-      "Expected out tensor to have dtype ", options.dtype(), ", but got ", out.dtype(), " instead");
-  TORCH_CHECK(options.device() == out.device(),
-      "Expected out tensor to have device ", options.device(), ", but got ", out.device(), " instead");
-  const bool resized = at::native::resize_output(out, sizes);
-  if (resized) {
-    if (!strides.empty()) {
-      TORCH_INTERNAL_ASSERT(!options.memory_format_opt().has_value());
-      out.as_strided_(sizes, strides);
-    } else if (options.memory_format_opt().has_value()) {
-      out.unsafeGetTensorImpl()->empty_tensor_restride(*options.memory_format_opt());
-    }
-  }
-}
-
-// In-place: the result must fit self exactly.
-void check_inplace(const at::Tensor& self, at::IntArrayRef sizes, const at::TensorOptions& options) {
-  TORCH_CHECK(options.dtype() == self.dtype(),
-      "Bad in-place call: input tensor dtype ", self.dtype(), " and output tensor dtype ", options.dtype(), " should match");
-  TORCH_CHECK(options.device() == self.device(),
-      "Bad in-place call: input tensor device ", self.device(), " and output tensor device ", options.device(), " should match");
-  TORCH_CHECK(sizes == self.sizes(),
-      "Bad in-place call: input tensor size ", self.sizes(), " and output tensor size ", sizes, " should match");
-}
-
-// A user tensor whose strides differ from the ones the kernel wants is written
-// through a temporary (the proxy) and copied back.
-std::optional<at::Tensor> maybe_create_proxy(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  if (out.strides() != strides) {
-    return create_out(sizes, strides, options);
-  }
-  return std::nullopt;
-}
-"""
-
-GUARD = """\
-auto current_device = guard_.current_device();
-if (C10_UNLIKELY(current_device.has_value())) {
-  TORCH_INTERNAL_ASSERT(*current_device == options.device(),
-    "structured kernels don't support multi-device outputs");
-} else {
-  guard_.reset_device(options.device());
-}"""
-
-
 def indent(text: str, n: int) -> str:
     pad = " " * n
     return "\n".join(pad + line if line else line for line in text.splitlines())
@@ -119,17 +58,10 @@ def class_name(entry: StructuredEntry, kind: SchemaKind) -> str:
 
 def set_output_body(kind: SchemaKind, proxy: bool) -> str:
     if kind is SchemaKind.functional:
-        return f"{GUARD}\noutputs_[output_idx] = create_out(sizes, strides, options);"
-    check = "check_inplace(out, sizes, options);" if kind is SchemaKind.inplace else "resize_out(out, sizes, strides, options);"
-    body = f"{GUARD}\nconst auto& out = outputs_[output_idx].get();\n{check}"
-    if proxy:
-        body += (
-            "\nauto maybe_proxy = maybe_create_proxy(out, sizes, strides, options);"
-            "\nif (C10_UNLIKELY(maybe_proxy.has_value())) {"
-            "\n  proxy_outputs_[output_idx] = std::move(maybe_proxy).value();"
-            "\n}"
-        )
-    return body
+        return f"{STRUCTURED_NAMESPACE}::set_new_output(guard_, outputs_[output_idx], sizes, strides, options);"
+    inplace = "true" if kind is SchemaKind.inplace else "false"
+    proxy_slot = "&proxy_outputs_[output_idx]" if proxy else "nullptr"
+    return f"{STRUCTURED_NAMESPACE}::set_given_output(guard_, outputs_[output_idx].get(), {inplace}, {proxy_slot}, sizes, strides, options);"
 
 
 def gen_class(entry: StructuredEntry, f: NativeFunction) -> str:
@@ -306,20 +238,16 @@ def register_shard(entries: list[StructuredEntry], namespace: str, banner: str) 
     body = "\n\n".join(blocks)
     registrations = "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n" + "\n".join(impls) + "\n}\n"
     return f"""{banner}
-#include <ATen/DeviceGuard.h>
-#include <ATen/EmptyTensor.h>
-#include <ATen/native/Resize.h>
-#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 {includes}
 #include "{CPU_KERNEL_HEADER}"
 #include "{DEVICE_HEADER}"
+#include "{STRUCTURED_HEADER}"
 #include "{TRACE_HEADER}"
 
 namespace at {{
 namespace {{
 
-{HELPERS}
 {body}
 
 }} // namespace

@@ -27,6 +27,10 @@ STRUCTURED_PREPARE = "prepare_structured_impl"
 TRACE_HEADER = "aten/OpenRegTrace.h"
 # openreg::OptionalDeviceGuard, the generated wrappers' device guard.
 DEVICE_HEADER = "aten/OpenRegDevice.h"
+# What a structured class does when meta() asks for an output (allocate,
+# resize, check, proxy): set_new_output and set_given_output.
+STRUCTURED_HEADER = "aten/OpenRegStructured.h"
+STRUCTURED_NAMESPACE = "::openreg::structured"
 TRACE_NAMESPACE = "::openreg::trace"
 
 

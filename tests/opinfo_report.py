@@ -25,6 +25,17 @@ def record_module(name: str, **figures) -> None:
     _modules[name] = figures
 
 
+def state() -> dict:
+    """What this process recorded, for the process that prints the summary
+    (with pytest-xdist, each worker records its share; conftest.py sends it)."""
+    return {"ops": _ops, "modules": _modules}
+
+
+def merge(recorded: dict) -> None:
+    _ops.update(recorded["ops"])
+    _modules.update(recorded["modules"])
+
+
 def summary_lines() -> list[str]:
     return _opinfo_lines() + _moduleinfo_lines()
 

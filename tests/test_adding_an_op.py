@@ -21,6 +21,9 @@ DOC = os.path.join(ROOT, "docs", "adding_an_op.md")
 WORK = os.path.join(ROOT, "build", "tutorial")
 OP = "aten::renorm.out"
 
+# One pytest-xdist worker runs the module: the extension is built once, in WORK.
+pytestmark = pytest.mark.xdist_group("adding_an_op")
+
 
 def block(marker: str, language: str) -> str:
     """The fenced block that follows `<!-- adding_an_op:MARKER ... -->` in the doc."""

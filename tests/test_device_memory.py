@@ -154,6 +154,7 @@ def test_allocations_land_on_the_guarded_device():
     assert torch.openreg.memory_allocated(0) == before[0]
 
 
+@pytest.mark.exclusive  # the stream must still be sleeping when the block is freed
 def test_record_stream_delays_reuse_until_the_stream_has_finished():
     # Start from an empty pool: a block left by an earlier test (tensors that
     # tracebacks of expected failures keep alive until a collection) changes

@@ -42,6 +42,8 @@ PG_TIMEOUT = datetime.timedelta(seconds=30)  # a collective a peer never joins f
 pytestmark = [
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds leftover processes in /proc"),
+    # One pytest-xdist worker runs the module: the two-rank launch is a module fixture.
+    pytest.mark.xdist_group("distributed"),
 ]
 
 

@@ -122,12 +122,7 @@ def tolerance(module_info) -> tuple[float, float]:
 
 
 def reseed(value=SEED):
-    """What torch.manual_seed does for the CPU and openreg generators, without
-    its deferred seeding of the uninitialised CUDA, XPU and MTIA generators:
-    torch.cuda._lazy_call (and XPU's, MTIA's) formats the whole Python stack
-    on every call, too slow to do before every construction and forward."""
-    torch.default_generator.manual_seed(value)
-    torch.openreg.manual_seed_all(value)
+    conformance.reseed(value)
 
 
 def outcome(fn, *args):

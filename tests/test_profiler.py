@@ -77,6 +77,7 @@ def test_fallback_kernel_is_a_device_event_that_gives_its_op_device_time():
     assert outermost.device_time_total == pytest.approx(kernel.time_range.elapsed_us())
 
 
+@pytest.mark.exclusive  # timed against a 50 ms stream sleep
 def test_kernel_starts_when_earlier_work_on_its_stream_is_done():
     # Kernels run once their stream is idle (as on a GPU, where a kernel queued behind
     # others starts later): the wait is the call's, not the kernel's.
@@ -174,6 +175,7 @@ def test_copies_to_from_and_between_devices_are_memcpy_events():
         assert op.device_time_total >= copy.time_range.elapsed_us() > 0
 
 
+@pytest.mark.exclusive  # timed against a 50 ms stream sleep
 def test_async_copy_is_timed_when_its_stream_runs_it():
     pinned = torch.randn(256, 256).pin_memory()
 
@@ -305,6 +307,7 @@ def test_consecutive_profiles_each_see_only_their_own_activity():
 # -- torch.autograd.profiler.profile(use_device="openreg") --------------------------
 
 
+@pytest.mark.exclusive  # timed against a 50 ms stream sleep
 def test_autograd_profiler_use_device_times_ops_with_openreg_events():
     # Without use_kineto, torch times each op between two events recorded on the
     # current stream (ProfilerStubs): device time, not time the host waited.

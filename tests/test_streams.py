@@ -7,6 +7,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+# The tests queue work behind a sleeping stream and check what the host sees
+# before it ends: they need the machine to themselves (conftest.py).
+pytestmark = pytest.mark.exclusive
+
 N = 1 << 20
 
 

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_map
 
+import conformance  # noqa: F401  (op.sample_inputs without inspect.stack: see conformance.py)
 from codegen.load import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,11 +1,15 @@
 // torch_openreg._C: the thin Python surface over the ATen glue. Everything a
 // user calls goes through torch_openreg.openreg (torch.openreg), not here.
+// The Python side of torch that the bindings use, not torch/extension.h: that
+// also brings the whole C++ frontend (torch/all.h), 15 s of parsing.
 #include <ATen/EmptyTensor.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_numbers.h>
-#include <torch/extension.h>
 
 #include <algorithm>
 #include <chrono>

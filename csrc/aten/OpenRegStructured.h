@@ -1,0 +1,33 @@
+// The outputs of structured kernels: what the classes in the generated
+// RegisterStructured_*.cpp (codegen/emit_structured.py) do when meta() asks
+// for an output (set_output_strided / set_output_raw_strided). torchgen writes
+// the same helpers into every RegisterDispatchKey.cpp it generates
+// (gen_registration_helpers: create_out, resize_out, check_inplace,
+// maybe_create_proxy); here they are written once, and the generated units do
+// not include ATen/native/Resize.h (which brings ATen/NativeFunctions.h).
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+#include "aten/OpenRegDevice.h"
+
+namespace openreg::structured {
+
+// A functional operator's output: allocated on openreg, on the device of the
+// first output (made current by `guard` until the wrapper returns; every
+// output must be on that device).
+void set_new_output(
+    OptionalDeviceGuard& guard, at::Tensor& output, at::IntArrayRef sizes, at::IntArrayRef strides,
+    const at::TensorOptions& options);
+
+// An out= or in-place operator's output, the caller's tensor: resized (out=)
+// or checked to fit exactly (in-place). With `proxy`, a tensor whose strides
+// differ from the ones the kernel asks for gets a temporary in *proxy, which
+// the wrapper copies back after impl().
+void set_given_output(
+    OptionalDeviceGuard& guard, const at::Tensor& out, bool inplace, std::optional<at::Tensor>* proxy,
+    at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options);
+
+} // namespace openreg::structured
