@@ -6,18 +6,6 @@
 namespace openreg::structured {
 namespace {
 
-// With the PrivateUse1 allocator and no trip through the dispatcher, as CPU's
-// at::detail::empty_cpu; on the device the guard made current.
-at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::PrivateUse1);
-  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
-  if (strides.empty()) {
-    return at::detail::empty_generic(sizes, allocator, keys, dtype, options.memory_format_opt());
-  }
-  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, dtype);
-}
-
 // out= tensors: same dtype and device, resized if their shape differs; the
 // strides the meta function proposes are only applied to a resized tensor.
 void resize_out(const at::Tensor& out, at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
@@ -46,22 +34,16 @@ void check_inplace(const at::Tensor& self, at::IntArrayRef sizes, const at::Tens
       "Bad in-place call: input tensor size ", self.sizes(), " and output tensor size ", sizes, " should match");
 }
 
-void select_device(OptionalDeviceGuard& guard, const at::TensorOptions& options) {
-  const auto current_device = guard.current_device();
-  if (C10_UNLIKELY(current_device.has_value())) {
-    TORCH_INTERNAL_ASSERT(*current_device == options.device(), "structured kernels don't support multi-device outputs");
-  } else {
-    guard.reset_device(options.device());
-  }
-}
-
 } // namespace
 
-void set_new_output(
-    OptionalDeviceGuard& guard, at::Tensor& output, at::IntArrayRef sizes, at::IntArrayRef strides,
-    const at::TensorOptions& options) {
-  select_device(guard, options);
-  output = create_out(sizes, strides, options);
+at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
+  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
+  if (strides.empty()) {
+    return at::detail::empty_generic(sizes, allocator, keys, dtype, options.memory_format_opt());
+  }
+  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, dtype);
 }
 
 void set_given_output(

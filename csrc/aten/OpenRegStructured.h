@@ -15,12 +15,29 @@
 
 namespace openreg::structured {
 
+// The class's guard follows the first output's device; all outputs must be on it.
+inline void select_device(OptionalDeviceGuard& guard, const at::TensorOptions& options) {
+  const auto current_device = guard.current_device();
+  if (C10_UNLIKELY(current_device.has_value())) {
+    TORCH_INTERNAL_ASSERT(*current_device == options.device(), "structured kernels don't support multi-device outputs");
+  } else {
+    guard.reset_device(options.device());
+  }
+}
+
+// A new tensor on the current openreg device, from the PrivateUse1 allocator
+// without a trip through the dispatcher (as CPU's at::detail::empty_cpu).
+at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options);
+
 // A functional operator's output: allocated on openreg, on the device of the
 // first output (made current by `guard` until the wrapper returns; every
-// output must be on that device).
-void set_new_output(
+// output must be on that device). Inline: it is on every functional call's path.
+inline void set_new_output(
     OptionalDeviceGuard& guard, at::Tensor& output, at::IntArrayRef sizes, at::IntArrayRef strides,
-    const at::TensorOptions& options);
+    const at::TensorOptions& options) {
+  select_device(guard, options);
+  output = create_out(sizes, strides, options);
+}
 
 // An out= or in-place operator's output, the caller's tensor: resized (out=)
 // or checked to fit exactly (in-place). With `proxy`, a tensor whose strides
