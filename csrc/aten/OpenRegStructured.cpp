@@ -1,6 +1,5 @@
 #include "aten/OpenRegStructured.h"
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 
 namespace openreg::structured {
@@ -35,16 +34,6 @@ void check_inplace(const at::Tensor& self, at::IntArrayRef sizes, const at::Tens
 }
 
 } // namespace
-
-at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, const at::TensorOptions& options) {
-  c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::PrivateUse1);
-  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
-  if (strides.empty()) {
-    return at::detail::empty_generic(sizes, allocator, keys, dtype, options.memory_format_opt());
-  }
-  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, dtype);
-}
 
 void set_given_output(
     OptionalDeviceGuard& guard, const at::Tensor& out, bool inplace, std::optional<at::Tensor>* proxy,
