@@ -13,6 +13,7 @@ environment to the next and ninja recompiles only what changed.
 import glob
 import hashlib
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -86,6 +87,43 @@ def compile_order(source: str) -> int:
     return next(i for i, prefix in enumerate(LONGEST_FIRST) if relative.startswith(prefix))
 
 
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+def precompiled_headers() -> set[str]:
+    with open(os.path.join(ROOT, "csrc", "precompiled.h")) as f:
+        return set(INCLUDE.findall(f.read()))
+
+
+def includes_any(source: str, headers: set[str], project_dirs: list[str]) -> bool:
+    """Whether `source` includes one of `headers`, itself or through the
+    project's own headers (those found beside the includer or in project_dirs)."""
+    seen, pending = set(), [os.path.join(ROOT, source)]
+    while pending:
+        path = pending.pop()
+        with open(path) as f:
+            for name in INCLUDE.findall(f.read()):
+                if name in headers:
+                    return True
+                for d in (os.path.dirname(path), *project_dirs):
+                    local = os.path.join(d, name)
+                    if os.path.isfile(local):
+                        if local not in seen:
+                            seen.add(local)
+                            pending.append(local)
+                        break
+    return False
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link where the file system allows it (torch's 9,400 headers in
+    0.3 s instead of 4), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def stable_torch_headers(include_dirs: list[str]) -> list[str]:
     """include_dirs with torch's include directory replaced by its copy under
     build/torch-headers, made once per torch build. pip installs torch afresh
@@ -98,7 +136,7 @@ def stable_torch_headers(include_dirs: list[str]) -> list[str]:
     stamp = os.path.join(TORCH_HEADERS, ".torch-version")
     if not os.path.isfile(stamp) or open(stamp).read() != version:
         shutil.rmtree(TORCH_HEADERS, ignore_errors=True)
-        shutil.copytree(torch_include, TORCH_HEADERS)
+        shutil.copytree(torch_include, TORCH_HEADERS, copy_function=link_or_copy)
         with open(stamp, "w") as f:
             f.write(version)
     return [
@@ -162,6 +200,7 @@ class PrecompiledHeader:
         return True
 
     def cancel(self) -> None:
+        """Stops a build of the header still running (after an error)."""
         if self.process is not None:
             self.process.kill()
             self.process.wait()
@@ -211,25 +250,24 @@ class BuildWithCodegen(BuildExtension):
                                             extra_preargs=None, extra_postargs=None, depends=None):
             pch = PrecompiledHeader(self.compiler, output_dir, macros, include_dirs, debug, extra_preargs,
                                     extra_postargs)
-            # The runtime includes no torch header (docs/architecture.md): it
-            # compiles without the precompiled header, on the core that
-            # building the header leaves free (and into a ninja directory of
-            # its own, so that each ninja log keeps to its outputs).
-            runtime_dir = os.path.join(ROOT, "csrc", "runtime", "")
-            runtime = [s for s in sources if os.path.join(ROOT, s).startswith(runtime_dir)]
-            rest = sorted((s for s in sources if s not in runtime), key=compile_order)
+            # Units that include none of the precompiled headers compile
+            # faster without it (loading it costs 1-1.5 s). They compile while
+            # it is being built, on the cores that leaves free, with a ninja
+            # directory of their own (each ninja log keeps to its outputs).
+            project_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED)]
+            headers = precompiled_headers()
+            early = [s for s in sources if not includes_any(s, headers, project_dirs)]
+            rest = sorted((s for s in sources if s not in early), key=compile_order)
             jobs = os.environ["MAX_JOBS"]
             if pch.start():
                 os.environ["MAX_JOBS"] = str(max(1, int(jobs) - 1))
             try:
-                objects = compile_sources(runtime, os.path.join(output_dir, "runtime"), macros, include_dirs, debug,
-                                          extra_preargs, extra_postargs, depends) if runtime else []
-            except BaseException:
-                pch.cancel()
-                raise
+                objects = compile_sources(early, os.path.join(output_dir, "no-pch"), macros, include_dirs, debug,
+                                          extra_preargs, extra_postargs, depends) if early else []
+                pch_args = pch.args()
             finally:
                 os.environ["MAX_JOBS"] = jobs
-            pch_args = pch.args()
+                pch.cancel()
             if isinstance(extra_postargs, dict):
                 extra_postargs = {**extra_postargs, "cxx": [*extra_postargs["cxx"], *pch_args]}
             else:
@@ -237,7 +275,7 @@ class BuildWithCodegen(BuildExtension):
             objects += compile_sources(rest, output_dir, macros, include_dirs, debug, extra_preargs,
                                        extra_postargs, depends)
             # Linked in the sources' order, as before the split.
-            by_source = dict(zip(runtime + rest, objects))
+            by_source = dict(zip(early + rest, objects))
             return [by_source[s] for s in sources]
 
         self.compiler.compile = compile_with_precompiled_header

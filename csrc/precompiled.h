@@ -21,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/adaption.h>
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
