@@ -55,6 +55,14 @@ def list_bindings(cfg: BackendConfig) -> str:
     lines.append(
         f"(every other operator: {'CPU fallback' if cfg.fallback.enabled else 'no kernel'})"
     )
+    lines.append(
+        "(every operator on a nested tensor of the strided layout: "
+        + (
+            "nested CPU fallback, its NestedTensorCPU kernel on device memory)"
+            if cfg.fallback.nested
+            else "refused, NotImplementedError)"
+        )
+    )
     return "\n".join(lines)
 
 

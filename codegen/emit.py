@@ -247,6 +247,9 @@ def register_fallback(cfg: BackendConfig) -> str:
     accepts = "".join(
         f"  if ({name_test(r)}) {{\n    return true;\n  }}\n" for r in policy.cpu_tensor_args
     )
+    cpu_results = "".join(
+        f"  if ({name_test(r)}) {{\n    return true;\n  }}\n" for r in policy.cpu_results
+    )
     impls = [
         f'  m.impl("{r.name}", torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());'
         for r in policy.ops
@@ -262,14 +265,35 @@ def register_fallback(cfg: BackendConfig) -> str:
             "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());\n"
             "}"
         )
-        sections.append(
-            "// Nested tensors of the strided layout have a dispatch key of their own,\n"
-            "// which no openreg kernel serves: every operator on them raises an error that\n"
-            "// says so, instead of torch's \"Could not run ... 'NestedTensoropenreg'\".\n"
-            "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
-            "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());\n"
-            "}"
-        )
+        if policy.nested:
+            sections.append(
+                "// Nested tensors of the strided layout have a dispatch key of their own: every\n"
+                "// operator on them runs its NestedTensorCPU kernel on host aliases of the\n"
+                "// device memory (fallback.nested).\n"
+                "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
+                "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());\n"
+                "}"
+            )
+            if policy.nested_ops:
+                lines = "\n".join(
+                    f'  m.impl("{f.func.name}", torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());'
+                    for f in policy.nested_ops
+                )
+                sections.append(
+                    "// Operators with a NestedTensorCPU kernel and a CompositeImplicitAutograd one:\n"
+                    "// the dispatcher gives NestedTensorPrivateUse1 the composite, which the\n"
+                    "// fallback above never overrides, so the fallback is registered by name.\n"
+                    f"TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {{\n{lines}\n}}"
+                )
+        else:
+            sections.append(
+                "// Nested tensors of the strided layout have a dispatch key of their own, and\n"
+                "// fallback.nested is false: every operator on them raises an error that says\n"
+                "// so, instead of torch's \"Could not run ... 'NestedTensoropenreg'\".\n"
+                "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
+                "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());\n"
+                "}"
+            )
     else:
         sections.append(
             "// The global CPU fallback is off (fallback.global: false): operators without an\n"
@@ -304,8 +328,16 @@ bool op_accepts_cpu_tensors(const c10::OperatorName& name) {{
 {accepts}  return false;
 }}
 
+bool op_returns_cpu_tensors(const c10::OperatorName& name) {{
+{cpu_results}  return false;
+}}
+
 bool global_fallback() {{
   return {"true" if policy.enabled else "false"};
+}}
+
+bool nested_fallback_enabled() {{
+  return {"true" if policy.nested else "false"};
 }}
 
 const std::vector<Binding>& bindings() {{

@@ -26,7 +26,13 @@ from codegen.model import (
     StubEntry,
     YamlError,
 )
-from codegen.native import cpu_kernel, has_cpu_kernel, native_functions, structured_groups
+from codegen.native import (
+    cpu_kernel,
+    has_cpu_kernel,
+    native_functions,
+    nested_kernels_behind_composites,
+    structured_groups,
+)
 from codegen.sources import defined_functions
 from codegen.stubs import declared_stubs
 from torchgen.model import (
@@ -49,7 +55,7 @@ _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*\Z")
 TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "structured", "cpu_kernels", "stubs", "custom_ops", "fallback")
 CPU_KERNEL_KEYS = ("op",)
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg", "autograd")
-FALLBACK_KEYS = ("global", "ops", "blocklist", "cpu_tensor_args")
+FALLBACK_KEYS = ("global", "nested", "ops", "blocklist", "cpu_tensor_args", "cpu_results")
 OP_REF_KEYS = ("op",)
 STRUCTURED_KEYS = ("op", "impl", "host_impl")
 STUB_KEYS = ("stub", "kernel", "cpu_kernel")
@@ -517,14 +523,31 @@ class _Reader:
 
     def fallback(self, top: dict[str, Any]) -> FallbackPolicy:
         if "fallback" not in top:
-            return FallbackPolicy(enabled=True, ops=(), blocklist=(), cpu_tensor_args=())
+            return FallbackPolicy(
+                enabled=True, ops=(), blocklist=(), cpu_tensor_args=(), nested_ops=nested_kernels_behind_composites()
+            )
         section = self.mapping(top["fallback"], self.key_loc(top, "fallback").line, "'fallback'")
         self.check_keys(section, FALLBACK_KEYS, "fallback")
+        enabled = self.get(section, "global", bool, "fallback", default=True)
+        nested = self.get(section, "nested", bool, "fallback", default=enabled)
+        if nested and not enabled:
+            # The operators that make a nested tensor from dense ones
+            # (_nested_tensor_from_mask, _nested_from_padded, _nested_view_from_buffer)
+            # have no openreg kernel: they reach nested tensors through the global fallback.
+            raise YamlError(
+                self.key_loc(section, "nested"),
+                "'nested: true' needs 'global: true': the operators that make nested tensors from dense "
+                "ones run on the global CPU fallback; set 'global: true', or 'nested: false' to refuse "
+                "nested tensors of the strided layout",
+            )
         return FallbackPolicy(
-            enabled=self.get(section, "global", bool, "fallback", default=True),
+            enabled=enabled,
             ops=self.op_refs(section, "ops", OP_REF_KEYS, reason=False),
             blocklist=self.op_refs(section, "blocklist", BLOCKED_KEYS, reason=True),
             cpu_tensor_args=self.op_refs(section, "cpu_tensor_args", OP_REF_KEYS, reason=False),
+            nested=nested,
+            cpu_results=self.op_refs(section, "cpu_results", OP_REF_KEYS, reason=False),
+            nested_ops=nested_kernels_behind_composites() if nested else (),
         )
 
     def config(self, top: Any) -> BackendConfig:
@@ -582,14 +605,15 @@ class _Reader:
                     "a stub has one PrivateUse1 kernel",
                 )
             stub_seen[st.decl.name] = st.loc
-        cpu_seen: dict[str, Location] = {}
-        for r in cfg.fallback.cpu_tensor_args:
-            key = str(r.name)
-            if key in cpu_seen:
-                raise YamlError(
-                    r.loc, f"'{key}' is listed twice in fallback.cpu_tensor_args (also line {cpu_seen[key].line})"
-                )
-            cpu_seen[key] = r.loc
+        for section, refs in (("cpu_tensor_args", cfg.fallback.cpu_tensor_args), ("cpu_results", cfg.fallback.cpu_results)):
+            cpu_seen: dict[str, Location] = {}
+            for r in refs:
+                key = str(r.name)
+                if key in cpu_seen:
+                    raise YamlError(
+                        r.loc, f"'{key}' is listed twice in fallback.{section} (also line {cpu_seen[key].line})"
+                    )
+                cpu_seen[key] = r.loc
 
 
 def _kind(value: Any) -> str:

@@ -148,6 +148,17 @@ class FallbackPolicy:
     ops: tuple[OpRef, ...]  # per-operator fallback (useful when enabled is false)
     blocklist: tuple[OpRef, ...]  # operators that raise instead of falling back
     cpu_tensor_args: tuple[OpRef, ...]  # operators that accept CPU tensors of any shape
+    # Nested tensors of the strided layout (NestedTensorPrivateUse1) run torch's
+    # NestedTensorCPU kernels on host aliases; otherwise every operator on them
+    # raises. Only with `enabled` (load.py checks).
+    nested: bool = True
+    # Operators whose results torch keeps on the CPU for every device (the
+    # metadata of nested tensors): their fresh results stay CPU tensors.
+    cpu_results: tuple[OpRef, ...] = ()
+    # With `nested`: operators whose NestedTensorCPU kernel a
+    # CompositeImplicitAutograd kernel would hide from the nested fallback
+    # (derived from native_functions.yaml, never written in the yaml).
+    nested_ops: tuple[NativeFunction, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -260,4 +271,9 @@ class BackendConfig:
             bound[str(r.name)] = "fallback (per operator)"
         for r in self.fallback.blocklist:
             bound[str(r.name)] = f"blocked: {r.reason}"
+        for f in self.fallback.nested_ops:
+            bound[f"nested {f.func.name}"] = (
+                "nested CPU fallback, registered by name (its CompositeImplicitAutograd kernel would hide "
+                "its NestedTensorCPU kernel)"
+            )
         return bound

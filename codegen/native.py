@@ -68,3 +68,19 @@ def cpu_dispatch_namespace(f: NativeFunction) -> str:
     key = _cpu_key(f)
     assert key is not None, f"{f.func.name} has no CPU kernel"
     return str(key).lower()
+
+
+@functools.lru_cache(maxsize=None)
+def nested_kernels_behind_composites() -> tuple[NativeFunction, ...]:
+    """Operators with a NestedTensorCPU kernel and a CompositeImplicitAutograd
+    one (linear, matmul, narrow, ...). The dispatcher gives the composite to
+    every nested backend without a kernel of its own (NestedTensorPrivateUse1
+    among them), where it fails or differs from CPU, which runs the nested
+    kernel: a backend fallback is never reached for these, so the nested
+    fallback is registered for each of them by name."""
+    nested_cpu = parsed().backend_indices[DispatchKey.NestedTensorCPU]
+    return tuple(
+        f
+        for f in parsed().native_functions
+        if f.has_composite_implicit_autograd_kernel and nested_cpu.has_kernel(f)
+    )

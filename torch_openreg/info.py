@@ -12,6 +12,15 @@ dispatcher will really call, and by the bindings of backend_functions.yaml
 - fallback: runs on the CPU fallback;
 - blocked: in the yaml blocklist, raises NotImplementedError;
 - unsupported: nothing can run it on openreg (no CPU kernel for the fallback).
+
+On a nested tensor of the strided layout an operator dispatches to another key,
+NestedTensorPrivateUse1; ``nested`` says what serves it there (NESTED_ROUTES):
+
+- nested fallback: the nested CPU fallback, the operator's NestedTensorCPU
+  kernel on the device memory;
+- composite: a CompositeImplicitAutograd kernel runs it through other operators;
+- unsupported: no NestedTensorCPU kernel (raises NotImplementedError, as CPU does);
+- refused: the yaml turns the nested fallback off (fallback.nested: false).
 """
 
 from __future__ import annotations
@@ -27,9 +36,11 @@ import torch
 from torch_openreg import _C
 
 CATEGORIES = ("native", "composite", "fallback", "blocked", "unsupported")
+NESTED_ROUTES = ("nested fallback", "composite", "unsupported", "refused")
 
 # "PrivateUse1: registered at FILE:LINE [kernel]" in a computed dispatch table.
 _ENTRY = re.compile(r"^PrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
+_NESTED_ENTRY = re.compile(r"^NestedTensorPrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
 _COMPOSITE_TAGS = {
     "math kernel": "CompositeImplicitAutograd",
     "default backend kernel": "CompositeExplicitAutograd",
@@ -42,6 +53,26 @@ class OperatorReport:
     category: str  # one of CATEGORIES
     served_by: str  # how openreg runs it, in words
     dispatch_entry: str  # the PrivateUse1 line of the dispatch table, "" if none
+    nested: str = ""  # on a nested tensor of the strided layout: one of NESTED_ROUTES
+
+
+def nested_route(name: str, table: str | None = None) -> str:
+    """What serves ``name`` on a nested openreg tensor of the strided layout,
+    from the NestedTensorPrivateUse1 entry of its computed dispatch table."""
+    table = torch._C._dispatch_dump_table(name) if table is None else table
+    match = _NESTED_ENTRY.search(table)
+    tag = (match.group("tag") or "") if match else ""
+    if tag == "math kernel":
+        return "composite"
+    if match is None:
+        return "unsupported"  # nothing registered (fallback.global: false)
+    if not _C._nested_fallback():
+        return "refused"
+    # The nested fallback (the key's backend fallback, or registered by name),
+    # which raises for an operator without a NestedTensorCPU kernel.
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "NestedTensorCPU"):
+        return "nested fallback"
+    return "unsupported"
 
 
 def bindings() -> dict[str, tuple[str, str]]:
@@ -51,28 +82,33 @@ def bindings() -> dict[str, tuple[str, str]]:
 
 def classify(name: str, bound: dict[str, tuple[str, str]] | None = None) -> OperatorReport:
     """How openreg serves the operator ``name`` (e.g. "aten::add.Tensor")."""
+    return _classify(name, bound, torch._C._dispatch_dump_table(name))
+
+
+def _classify(name: str, bound: dict[str, tuple[str, str]] | None, table: str) -> OperatorReport:
     bound = bindings() if bound is None else bound
-    match = _ENTRY.search(torch._C._dispatch_dump_table(name))
+    nested = nested_route(name, table)
+    match = _ENTRY.search(table)
     entry = match.group(0).removeprefix("PrivateUse1: ") if match else ""
     tag = (match.group("tag") or "") if match else ""
     route, detail = bound.get(name, ("", ""))
     if route == "blocked":
-        return OperatorReport(name, "blocked", f"blocked: {detail}", entry)
+        return OperatorReport(name, "blocked", f"blocked: {detail}", entry, nested)
     if route == "CPU fallback":
-        return OperatorReport(name, "fallback", "CPU fallback (fallback.ops in the yaml)", entry)
+        return OperatorReport(name, "fallback", "CPU fallback (fallback.ops in the yaml)", entry, nested)
     if route:
-        return OperatorReport(name, "native", f"{route} {detail}", entry)
+        return OperatorReport(name, "native", f"{route} {detail}", entry, nested)
     if tag == "kernel":
-        return OperatorReport(name, "native", "a PrivateUse1 kernel registered outside backend_functions.yaml", entry)
+        return OperatorReport(name, "native", "a PrivateUse1 kernel registered outside backend_functions.yaml", entry, nested)
     if tag in _COMPOSITE_TAGS:
         return OperatorReport(
-            name, "composite", f"{_COMPOSITE_TAGS[tag]} kernel: runs through other operators", entry
+            name, "composite", f"{_COMPOSITE_TAGS[tag]} kernel: runs through other operators", entry, nested
         )
     if tag == "backend fallback":
         if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
-            return OperatorReport(name, "fallback", "CPU fallback", entry)
-        return OperatorReport(name, "unsupported", "CPU fallback, but the operator has no CPU kernel", entry)
-    return OperatorReport(name, "unsupported", "no PrivateUse1 kernel and no fallback", entry)
+            return OperatorReport(name, "fallback", "CPU fallback", entry, nested)
+        return OperatorReport(name, "unsupported", "CPU fallback, but the operator has no CPU kernel", entry, nested)
+    return OperatorReport(name, "unsupported", "no PrivateUse1 kernel and no fallback", entry, nested)
 
 
 def operators(namespace: str = "aten") -> list[str]:
@@ -104,9 +140,11 @@ def report() -> dict[str, Any]:
         ],
         "fallback_mode": torch.openreg.get_fallback_mode(),
         "global_fallback": _C._global_fallback(),
+        "nested_fallback": _C._nested_fallback(),
         "dispatch_trace": torch.openreg.is_dispatch_trace_enabled(),
         "aten_operators": len(aten),
         "counts": counts,
+        "nested_counts": {route: sum(1 for r in aten if r.nested == route) for route in NESTED_ROUTES},
         "native_by_route": dict(sorted(routes.items())),
         "custom_operators": operators("openreg"),
         "stubs": sorted(n for n, (route, _) in bound.items() if route == "stub kernel"),
@@ -159,6 +197,10 @@ def _print_report(r: dict[str, Any]) -> None:
         print(f"  {category:<12}{r['counts'][category]:>6}")
     for route, n in r["native_by_route"].items():
         print(f"    {route:<24}{n:>6}")
+    nested = "nested CPU fallback" if r["nested_fallback"] else "refused (fallback.nested: false)"
+    print(f"on nested tensors of the strided layout: {nested}")
+    for route in NESTED_ROUTES:
+        print(f"  {route:<16}{r['nested_counts'][route]:>6}")
     print(f"custom operators: {len(r['custom_operators'])} ({', '.join(r['custom_operators'])})")
     print(f"stubs with openreg kernels: {len(r['stubs'])}")
 
@@ -170,6 +212,7 @@ def _print_operator(entries: list[dict[str, Any]]) -> None:
         print(f"{e['name']}: {e['category']}")
         print(f"  served by: {e['served_by']}")
         print(f"  PrivateUse1 entry: {e['dispatch_entry'] or '(none)'}")
+        print(f"  on a nested tensor (strided layout): {e['nested']}")
         print("  dispatch table:")
         for line in e["dispatch_table"].splitlines():
             print(f"    {line}")

@@ -63,14 +63,20 @@ c10::IValue map_tensors(const c10::IValue& value, Fn&& fn) {
 // operator's schema, over the boxed stack.
 class FallbackCall {
  public:
-  FallbackCall(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+  // `kernel_key`: where the operator's CPU kernel is, CPU for the dense
+  // fallback, NestedTensorCPU for the nested one.
+  FallbackCall(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey kernel_key)
       : op_(op),
+        kernel_key_(kernel_key),
         schema_(op.schema()),
         stack_(*stack),
         args_begin_(stack->size() - schema_.arguments().size()),
         call_(schema_.operator_name(), generated::op_accepts_cpu_tensors(schema_.operator_name())) {}
 
   void run() {
+    if (generated::op_returns_cpu_tensors(schema_.operator_name())) {
+      call_.keep_results_on_cpu();
+    }
     const auto& arguments = schema_.arguments();
     for (size_t i = 0; i < arguments.size(); ++i) {
       note(arguments[i], stack_[args_begin_ + i]);
@@ -79,7 +85,7 @@ class FallbackCall {
     for (size_t i = 0; i < arguments.size(); ++i) {
       to_host(arguments[i], stack_[args_begin_ + i]);
     }
-    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+    op_.redispatchBoxed(c10::DispatchKeySet(kernel_key_), &stack_);
     call_.finish();
     const size_t returns = schema_.returns().size();
     for (size_t i = stack_.size() - returns; i < stack_.size(); ++i) {
@@ -119,6 +125,7 @@ class FallbackCall {
   }
 
   const c10::OperatorHandle& op_;
+  const c10::DispatchKey kernel_key_;
   const c10::FunctionSchema& schema_;
   torch::jit::Stack& stack_;
   const size_t args_begin_;
@@ -199,7 +206,34 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       " has no openreg kernel, and OPENREG_FALLBACK=error forbids running it on the CPU fallback. "
       "Give it a kernel in backend_functions.yaml (kernels:, structured: or stubs:; see "
       "docs/adding_an_op.md), or allow the fallback with torch.openreg.set_fallback_mode(\"silent\").");
-  FallbackCall(op, stack).run();
+  FallbackCall(op, stack, c10::DispatchKey::CPU).run();
+  note_fallback(name, current);
+}
+
+void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::OperatorName& name = op.operator_name();
+  // Without a NestedTensorCPU entry the redispatch would raise torch's "Could
+  // not run ... 'NestedTensorCPU' backend", which names neither openreg nor a
+  // way out. (CompositeImplicitAutograd operators never get here: they
+  // decompose above this key, on openreg as on CPU.)
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU)) {
+    const trace::Scope scope(name, trace::Route::NestedBlocked);
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false, c10::toString(name),
+        " got a nested tensor of the strided layout on openreg, but torch has no kernel for it on nested "
+        "tensors of that layout (no NestedTensorCPU kernel, so CPU raises too; openreg runs torch's "
+        "NestedTensorCPU kernels on the device memory). Use torch.nested's jagged layout "
+        "(layout=torch.jagged), or apply the operator to the tensors of nt.unbind().");
+  }
+  const trace::Scope scope(name, trace::Route::NestedFallback);
+  const FallbackMode current = fallback_mode();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      current != FallbackMode::Error, c10::toString(name),
+      " got a nested tensor of the strided layout, which openreg runs on the nested CPU fallback only "
+      "(torch's NestedTensorCPU kernel on the device memory), and OPENREG_FALLBACK=error forbids it. "
+      "Allow the fallback with torch.openreg.set_fallback_mode(\"silent\"), or use torch.nested's "
+      "jagged layout (layout=torch.jagged), whose operators run on openreg's dense kernels.");
+  FallbackCall(op, stack, c10::DispatchKey::NestedTensorCPU).run();
   note_fallback(name, current);
 }
 
@@ -212,10 +246,11 @@ void raise_blocked(const c10::OperatorHandle& op, const char* reason) {
 }
 
 void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
-  const trace::Scope scope(op.operator_name(), trace::Route::Blocked);
+  const trace::Scope scope(op.operator_name(), trace::Route::NestedBlocked);
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, c10::toString(op.schema().operator_name()),
-      " got a nested tensor of the strided layout on openreg, which has no kernels for them. Use "
+      " got a nested tensor of the strided layout on openreg, and backend_functions.yaml turns the nested "
+      "CPU fallback off (fallback.nested: false). Use "
       "torch.nested's jagged layout (layout=torch.jagged), or keep nested tensors on CPU; "
       "nn.TransformerEncoder makes one in its inference fast path when given a padding mask "
       "(construct it with enable_nested_tensor=False).");

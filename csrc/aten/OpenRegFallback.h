@@ -33,8 +33,18 @@ void reset_fallback_stats();
 // with the reason the yaml gives.
 [[noreturn]] void raise_blocked(const c10::OperatorHandle& op, const char* reason);
 
-// The boxed kernel for every operator on a nested openreg tensor (the
-// NestedTensorPrivateUse1 key): openreg has no nested kernels, so it raises.
+// The nested counterpart of cpu_fallback, for every operator on a nested
+// openreg tensor of the strided layout (the NestedTensorPrivateUse1 key): each
+// nested openreg operand becomes a NestedTensorCPU host alias (same nested
+// sizes, strides and offsets over the same bytes), the operator's
+// NestedTensorCPU kernel runs, and nested results come back as nested openreg
+// tensors, as dense ones do from cpu_fallback. Counted and governed by the
+// fallback mode like cpu_fallback; an operator without a NestedTensorCPU
+// kernel raises NotImplementedError saying so.
+void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The boxed kernel for the NestedTensorPrivateUse1 key when the yaml turns the
+// nested fallback off (fallback.nested: false): raises.
 [[noreturn]] void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 namespace generated {
@@ -43,8 +53,17 @@ namespace generated {
 // of any shape beside device tensors (e.g. CPU indices for indexing).
 bool op_accepts_cpu_tensors(const c10::OperatorName& name);
 
+// Defined there too (fallback.cpu_results): operators whose fresh results
+// torch keeps on the CPU for every device, as the metadata of nested tensors
+// (aten::_nested_tensor_size).
+bool op_returns_cpu_tensors(const c10::OperatorName& name);
+
 // Whether the yaml turns on the CPU fallback for every operator (fallback.global).
 bool global_fallback();
+
+// Whether operators on nested tensors of the strided layout run on
+// nested_fallback (fallback.nested) rather than refuse_nested.
+bool nested_fallback_enabled();
 
 // What the yaml binds: one row per operator or stub it names.
 struct Binding {

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/core/TensorBase.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
@@ -270,6 +271,35 @@ at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage)
       c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   set_geometry(*alias.unsafeGetTensorImpl(), t);
   return alias;
+}
+
+at::Tensor nested_tensor_on(
+    const c10::Storage& storage,
+    const at::Tensor& t,
+    at::Tensor nested_sizes,
+    at::Tensor nested_strides,
+    at::Tensor storage_offsets) {
+  // A 1-d buffer over the whole storage, as NestedTensorImpl::get_buffer
+  // sees it; the NestedTensorImpl constructor derives the nested tensor's
+  // dispatch keys from the buffer's (NestedTensorCPU or NestedTensorPrivateUse1,
+  // with AutogradNestedTensor), as for the nested tensors torch makes itself.
+  const c10::Device device = storage.device();
+  at::Tensor buffer = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(device.is_cpu() ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1),
+      t.dtype());
+  buffer.unsafeGetTensorImpl()->set_sizes_contiguous(
+      {static_cast<int64_t>(storage.nbytes() / t.dtype().itemsize())});
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, std::move(nested_sizes), std::move(nested_strides), std::move(storage_offsets));
+}
+
+at::Tensor nested_tensor_on(const c10::Storage& storage, const at::Tensor& t) {
+  const at::native::NestedTensorImpl* nt = at::native::get_nested_tensor_impl(t);
+  return nested_tensor_on(storage, t, nt->get_nested_sizes(), nt->get_nested_strides(), nt->get_storage_offsets());
+}
+
+bool is_host_visible(const c10::Storage& storage) {
+  return storage.unsafeGetStorageImpl()->data_ptr().get_deleter() == &delete_host_visible;
 }
 
 } // namespace openreg

@@ -47,6 +47,24 @@ inline at::Tensor host_alias(const at::Tensor& t) {
   return host_alias(t, host_alias_storage(t.storage()));
 }
 
+// A nested tensor of the strided layout (NestedTensorImpl) with `t`'s nested
+// sizes, strides and storage offsets over `storage`, with the dispatch keys
+// torch gives a nested tensor over a buffer of `storage`'s device: a
+// NestedTensorCPU host alias of the nested openreg tensor `t` over
+// host_alias_storage(t.storage()), or a nested openreg tensor over device
+// memory. The metadata tensors are shared (torch never writes them).
+at::Tensor nested_tensor_on(
+    const c10::Storage& storage,
+    const at::Tensor& t,
+    at::Tensor nested_sizes,
+    at::Tensor nested_strides,
+    at::Tensor storage_offsets);
+at::Tensor nested_tensor_on(const c10::Storage& storage, const at::Tensor& t);
+
+// Whether `storage`'s bytes are device memory handed out as CPU memory
+// (allocate_host_visible), not yet taken by a device storage.
+bool is_host_visible(const c10::Storage& storage);
+
 // Host aliases of HostCall's operands. Unlike host_alias's, an operand
 // alias's storage holds no reference to the device memory: the operand keeps
 // that alive during the call. A recycled operand alias keeps its own storage,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include <ATen/NestedTensorImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
@@ -173,7 +174,7 @@ HostCall::~HostCall() {
   // reused by the next call on this thread. Aliases sharing a storage end
   // before the one that made it, which decides what becomes of the storage.
   auto end = [&](Operand& o) {
-    if (o.first_on_storage) {
+    if (o.first_on_storage && o.pooled) {
       end_operand_alias(std::move(o.alias), o.device_storage, *pool_);
     } else {
       o.alias.reset();
@@ -254,6 +255,8 @@ void HostCall::note(const c10::List<std::optional<at::Tensor>>& tensors, const c
 void HostCall::note(const std::optional<at::Device>& device, const char* argument) {
   if (device.has_value() && device->is_privateuseone()) {
     note_device(device->has_index() ? *device : c10::Device(device->type(), current_device()), argument);
+  } else if (device.has_value() && device->is_cpu()) {
+    cpu_results_ = true;
   }
 }
 
@@ -281,6 +284,9 @@ void HostCall::begin() {
     guard_.emplace(*device_);
   }
   join_current_stream(device_->index());
+  if (cpu_results_) {
+    return; // the results belong to the CPU: its allocator stays as it is
+  }
   previous_redirect_ = redirect_device;
   redirect_device = device_->index();
   redirecting_ = true;
@@ -313,6 +319,14 @@ const at::Tensor& HostCall::host(const at::Tensor& t, bool borrow) {
   });
   if (known != nullptr) {
     return *known;
+  }
+  if (t.is_nested()) {
+    // A NestedTensorCPU view of the same bytes, for torch's nested CPU kernels.
+    const c10::Storage host_storage = same_storage != nullptr ? same_storage->storage() : host_alias_storage(t.storage());
+    return add_operand(Operand{
+                           nested_tensor_on(host_storage, t), keep(t, borrow), device_storage, same_storage == nullptr,
+                           /*pooled=*/false})
+        .alias;
   }
   if (same_storage != nullptr) {
     return add_operand(Operand{host_alias(t, same_storage->storage()), keep(t, borrow), device_storage, false}).alias;
@@ -426,6 +440,9 @@ void HostCall::write_back(const Written& w) {
           orMemcpy(device_storage->mutable_data(), host_data, host.nbytes(), orMemcpyKind::HostToDevice));
     }
   }
+  if (device_impl->is_nested()) {
+    return; // nested kernels write their operands' elements, never their metadata
+  }
   if (device_impl->sizes() != alias_impl->sizes() || device_impl->strides() != alias_impl->strides() ||
       device_impl->storage_offset() != alias_impl->storage_offset()) {
     device_impl->set_sizes_and_strides(alias_impl->sizes(), alias_impl->strides(), alias_impl->storage_offset());
@@ -463,12 +480,19 @@ std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
   if (operand != nullptr) {
     return *operand->device; // the operator returned an operand itself (in-place, out=)
   }
+  if (t.is_nested()) {
+    return converted_nested(t);
+  }
   if (viewed != nullptr) {
     // A view of an operand: a view of the operand's device storage, with the
-    // operand's dispatch keys (as the ImplType::VIEW constructor expects).
+    // operand's dispatch keys (as the ImplType::VIEW constructor expects), or
+    // a dense tensor's for a view of a nested operand's elements (unbind).
+    std::optional<c10::DispatchKeySet> keys;
+    if (!viewed->device->is_nested()) {
+      keys = viewed->device->key_set();
+    }
     return device_tensor_on(
-        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(viewed->device_storage)), t,
-        viewed->device->key_set());
+        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(viewed->device_storage)), t, keys);
   }
   for (const Fresh& f : fresh_) {
     if (f.host_storage_impl == host) {
@@ -476,6 +500,9 @@ std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
       return device_tensor_on(
           c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(f.device_storage_impl)), t, std::nullopt);
     }
+  }
+  if (cpu_results_) {
+    return std::nullopt; // fresh memory of a result bound for the CPU
   }
   // Fresh memory. If the kernel allocated it while begin() redirected CPU
   // allocations, it is already device memory; otherwise (another thread or
@@ -504,6 +531,65 @@ std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
   }
   fresh_.push_back(Fresh{storage.unsafeGetStorageImpl(), host, storage});
   return device_tensor_on(storage, t, std::nullopt);
+}
+
+namespace {
+
+// A nested result's metadata tensor in CPU memory, as torch keeps it for
+// nested tensors of every device: the kernel made it while its allocations
+// came from the device (a CPU tensor over device memory otherwise).
+at::Tensor host_metadata(const at::Tensor& m) {
+  return m.defined() && is_host_visible(m.storage()) ? m.clone() : m;
+}
+
+} // namespace
+
+// A nested CPU result of the kernel as a nested openreg tensor with the same
+// nested sizes, strides and storage offsets: a view of an operand's device
+// storage, another result's fresh memory, or its own memory made device memory
+// (adopted when the kernel allocated it while begin() redirected allocations,
+// copied otherwise). Its NestedTensorImpl is made anew, since a
+// NestedTensorImpl's metadata cannot be replaced and its memory should not be
+// device memory.
+at::Tensor HostCall::converted_nested(const at::Tensor& t) {
+  const at::native::NestedTensorImpl* nt = at::native::get_nested_tensor_impl(t);
+  c10::StorageImpl* host = t.storage().unsafeGetStorageImpl();
+  auto on = [&](const c10::Storage& storage) {
+    return nested_tensor_on(
+        storage, t, host_metadata(nt->get_nested_sizes()), host_metadata(nt->get_nested_strides()),
+        host_metadata(nt->get_storage_offsets()));
+  };
+  const Operand* viewed = nullptr;
+  for_each_operand([&](const Operand& o) {
+    if (viewed == nullptr && o.first_on_storage && o.alias.storage().unsafeGetStorageImpl() == host) {
+      viewed = &o;
+    }
+  });
+  if (viewed != nullptr) {
+    // A nested view of an operand (detach, a nested view of a dense buffer).
+    return on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(viewed->device_storage)));
+  }
+  for (const Fresh& f : fresh_) {
+    if (f.host_storage_impl == host) {
+      return on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(f.device_storage_impl)));
+    }
+  }
+  if (cpu_results_) {
+    return t;
+  }
+  std::optional<c10::DataPtr> device_memory = take_grown_device_memory(t.storage());
+  c10::Storage storage;
+  if (device_memory.has_value()) {
+    storage = c10::Storage(
+        c10::Storage::use_byte_size_t(), host->nbytes(), std::move(*device_memory), device_allocator(),
+        /*resizable=*/true);
+  } else {
+    const c10::DeviceGuard guard(*device_);
+    storage = c10::Storage(c10::Storage::use_byte_size_t(), host->nbytes(), device_allocator(), /*resizable=*/true);
+    OPENREG_CHECK(orMemcpy(storage.mutable_data(), host->data(), host->nbytes(), orMemcpyKind::HostToDevice));
+  }
+  fresh_.push_back(Fresh{storage.unsafeGetStorageImpl(), host, storage});
+  return on(storage);
 }
 
 std::vector<at::Tensor> HostCall::result(const std::vector<at::Tensor>& tensors) {

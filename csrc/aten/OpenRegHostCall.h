@@ -6,7 +6,15 @@
 // openreg tensors without a copy. Two users:
 // - the wrappers that backend_functions.yaml's `cpu_kernels` section generates
 //   (unboxed: the codegen knows every argument's type);
-// - the boxed CPU fallback (OpenRegFallback.cpp) for every other operator.
+// - the boxed CPU fallback (OpenRegFallback.cpp) for every other operator,
+//   and its nested counterpart for nested tensors of the strided layout.
+//
+// A nested openreg operand's host alias is a NestedTensorCPU tensor with its
+// nested sizes, strides and offsets over the same bytes; a nested CPU result
+// comes back as a nested openreg tensor (its metadata tensors in CPU memory,
+// as torch keeps them for every device). A Device argument naming the CPU
+// (`.cpu()` of a nested tensor: _to_copy(device="cpu") on the fallback) keeps
+// fresh results on the CPU.
 //
 // A call runs in three steps:
 //   1. note() each argument: where the call runs, and a clear error for
@@ -98,6 +106,12 @@ class HostCall {
   void note(const std::optional<at::Device>& device, const char* argument);
   void note(const std::optional<at::Generator>& generator, const char* argument);
 
+  // Before step 2: fresh results stay CPU tensors (made from CPU memory), as
+  // for a Device argument naming the CPU.
+  void keep_results_on_cpu() {
+    cpu_results_ = true;
+  }
+
   // Step 2.
   void begin();
 
@@ -149,6 +163,10 @@ class HostCall {
     c10::MaybeOwned<at::Tensor> device;
     c10::StorageImpl* device_storage;
     bool first_on_storage;
+    // The alias came from operand_alias (and may go back to its pool); a
+    // nested operand's alias owns a reference to the device storage instead
+    // (host_alias_storage), as the pool keeps dense aliases only.
+    bool pooled = true;
   };
 
   std::string op_name() const;
@@ -158,6 +176,8 @@ class HostCall {
   // For result(): an openreg tensor for the CPU kernel's `t`, or nothing when
   // `t` itself is the answer (not a CPU tensor, or adopted in place).
   std::optional<at::Tensor> converted(const at::Tensor& t);
+  // converted() for a nested tensor of the strided layout.
+  at::Tensor converted_nested(const at::Tensor& t);
   template <class F>
   void for_each_operand(F&& f) {
     for (Operand& o : operands_) {
@@ -192,6 +212,9 @@ class HostCall {
   std::optional<c10::Device> device_;
   const char* device_argument_ = nullptr;
   const char* cpu_argument_ = nullptr;
+  // A Device argument names the CPU (`.cpu()` of a nested tensor is
+  // _to_copy(device="cpu") on the fallback): fresh results stay CPU tensors.
+  bool cpu_results_ = false;
   bool openreg_generator_ = false;
   bool other_generator_ = false;
   std::optional<c10::DeviceGuard> guard_;

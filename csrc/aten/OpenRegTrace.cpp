@@ -28,7 +28,7 @@ void print(const Call& call) {
   // torch, these lines nest among the dispatcher's.
   std::string line(static_cast<size_t>(c10::dispatch_trace_nesting_value()), ' ');
   line += call.route == Route::Stub ? "[stub]" : "[call]";
-  line += " op=[" + call_name(call) + "], key=[PrivateUse1] -> ";
+  line += " op=[" + call_name(call) + "], key=[" + route_key(call.route) + "] -> ";
   line += route_name(call.route);
   if (call.kernel != nullptr) {
     line += ' ';
@@ -55,9 +55,16 @@ const char* route_name(Route route) {
     case Route::Fallback:
       return "CPU fallback";
     case Route::Blocked:
+    case Route::NestedBlocked:
       return "blocked";
+    case Route::NestedFallback:
+      return "nested CPU fallback";
   }
   return "?";
+}
+
+const char* route_key(Route route) {
+  return route == Route::NestedFallback || route == Route::NestedBlocked ? "NestedTensorPrivateUse1" : "PrivateUse1";
 }
 
 std::string call_name(const Call& call) {

@@ -28,7 +28,14 @@ enum class Route : uint8_t {
   CustomOp, // an operator of the openreg library
   Fallback, // the CPU fallback
   Blocked, // an operator in the yaml blocklist
+  // On nested tensors of the strided layout (the NestedTensorPrivateUse1 key):
+  NestedFallback, // the nested CPU fallback: the NestedTensorCPU kernel on host aliases
+  NestedBlocked, // an operator without a nested kernel, or nested tensors refused
 };
+
+// The dispatch key a call of this route was served under, as the dispatch
+// trace names it ("PrivateUse1", "NestedTensorPrivateUse1").
+const char* route_key(Route route);
 
 const char* route_name(Route route);
 

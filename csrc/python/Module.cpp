@@ -223,6 +223,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_dispatch_trace_enabled", [] { return openreg::trace::observed(openreg::trace::kPrint); });
   m.def("_bindings", &bindings);
   m.def("_global_fallback", &openreg::generated::global_fallback);
+  m.def("_nested_fallback", &openreg::generated::nested_fallback_enabled);
   m.def("_profiler_is_recording", &openreg::profiler::is_recording,
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,

@@ -60,6 +60,7 @@ def test_list_shows_each_binding(capsys):
     assert "mm" in text and "fallback (per operator)" in text
     assert 'blocked: no "pinned" memory here' in text
     assert "(every other operator: no kernel)" in text
+    assert "(every operator on a nested tensor of the strided layout: refused, NotImplementedError)" in text
     assert "structured (at::native::structured_neg_out, inplace)" in text
     assert "max.dim" in text and "structured (at::native::structured_max_out, functional)" in text
     assert "bmm.out" in text and "structured (demo::native::bmm_out, out)" in text
@@ -169,6 +170,10 @@ ERROR_CASES = [
      "must be functional and return one Tensor"),
     ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor a) -> Tensor'\n    kernel: k\n    meta: m\n"
      "  - schema: 'f(Tensor b) -> Tensor'\n    kernel: k\n    meta: m\n", 6, "custom operator 'f' is declared twice"),
+    ("cpp_namespace: n\nfallback:\n  global: false\n  nested: true\n", 4, "'nested: true' needs 'global: true'"),
+    ("cpp_namespace: n\nfallback:\n  nested: yes please\n", 3, "'nested' in fallback must be true or false"),
+    ("cpp_namespace: n\nfallback:\n  cpu_results:\n    - op: _nested_tensor_size\n    - op: _nested_tensor_size\n",
+     5, "'_nested_tensor_size' is listed twice in fallback.cpu_results"),
 ]
 
 
@@ -260,6 +265,22 @@ def test_stub_discovery_finds_every_declared_stub_with_its_header():
     assert (fill.namespace, fill.header, fill.params) == (
         "at::native", "ATen/native/Fill.h", ("TensorIterator&", "const Scalar&"))
     assert stubs["add_stub"].params == ("TensorIteratorBase&", "const Scalar&")
+
+
+def test_nested_fallback_is_registered_for_the_key_and_over_composites(tmp_path):
+    """With the global fallback, nested tensors get the nested CPU fallback: for
+    the NestedTensorPrivateUse1 key, and by name for the operators whose
+    NestedTensorCPU kernel a CompositeImplicitAutograd kernel would hide."""
+    path = write(tmp_path, "cpp_namespace: n\nfallback:\n  global: true\n")
+    cfg = load(path)
+    assert cfg.fallback.nested
+    assert {"linear", "matmul", "narrow"} <= {str(f.func.name) for f in cfg.fallback.nested_ops}
+    text = generate(cfg)["RegisterFallback.cpp"]
+    assert "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());" in text
+    assert 'm.impl("linear", torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());' in text
+    assert "refuse_nested" not in text
+    off = generate(load(write(tmp_path, "cpp_namespace: n\nfallback:\n  nested: false\n")))["RegisterFallback.cpp"]
+    assert "&openreg::refuse_nested" in off and "&openreg::nested_fallback" not in off
 
 
 def test_error_cases_cover_every_kind_of_mistake():

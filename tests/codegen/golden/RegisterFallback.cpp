@@ -30,7 +30,18 @@ bool op_accepts_cpu_tensors(const c10::OperatorName& name) {
   return false;
 }
 
+bool op_returns_cpu_tensors(const c10::OperatorName& name) {
+  if (name.name == "aten::_nested_tensor_size" && name.overload_name == "") {
+    return true;
+  }
+  return false;
+}
+
 bool global_fallback() {
+  return false;
+}
+
+bool nested_fallback_enabled() {
   return false;
 }
 
