@@ -519,6 +519,12 @@ std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
     fresh_.push_back(Fresh{host, host, c10::Storage()});
     return std::nullopt;
   }
+  return device_tensor_on(fresh_device_storage(host, std::move(device_memory)), t, std::nullopt);
+}
+
+// The device storage of a result's fresh host memory: the device memory its
+// allocations grew into, if any, else a copy. It lives for the rest of the call.
+c10::Storage HostCall::fresh_device_storage(c10::StorageImpl* host, std::optional<c10::DataPtr> device_memory) {
   c10::Storage storage;
   if (device_memory.has_value()) {
     storage = c10::Storage(
@@ -530,7 +536,7 @@ std::optional<at::Tensor> HostCall::converted(const at::Tensor& t) {
     OPENREG_CHECK(orMemcpy(storage.mutable_data(), host->data(), host->nbytes(), orMemcpyKind::HostToDevice));
   }
   fresh_.push_back(Fresh{storage.unsafeGetStorageImpl(), host, storage});
-  return device_tensor_on(storage, t, std::nullopt);
+  return storage;
 }
 
 namespace {
@@ -577,19 +583,7 @@ at::Tensor HostCall::converted_nested(const at::Tensor& t) {
   if (cpu_results_) {
     return t;
   }
-  std::optional<c10::DataPtr> device_memory = take_grown_device_memory(t.storage());
-  c10::Storage storage;
-  if (device_memory.has_value()) {
-    storage = c10::Storage(
-        c10::Storage::use_byte_size_t(), host->nbytes(), std::move(*device_memory), device_allocator(),
-        /*resizable=*/true);
-  } else {
-    const c10::DeviceGuard guard(*device_);
-    storage = c10::Storage(c10::Storage::use_byte_size_t(), host->nbytes(), device_allocator(), /*resizable=*/true);
-    OPENREG_CHECK(orMemcpy(storage.mutable_data(), host->data(), host->nbytes(), orMemcpyKind::HostToDevice));
-  }
-  fresh_.push_back(Fresh{storage.unsafeGetStorageImpl(), host, storage});
-  return on(storage);
+  return on(fresh_device_storage(host, take_grown_device_memory(t.storage())));
 }
 
 std::vector<at::Tensor> HostCall::result(const std::vector<at::Tensor>& tensors) {

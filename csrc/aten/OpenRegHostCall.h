@@ -178,6 +178,7 @@ class HostCall {
   std::optional<at::Tensor> converted(const at::Tensor& t);
   // converted() for a nested tensor of the strided layout.
   at::Tensor converted_nested(const at::Tensor& t);
+  c10::Storage fresh_device_storage(c10::StorageImpl* host, std::optional<c10::DataPtr> device_memory);
   template <class F>
   void for_each_operand(F&& f) {
     for (Operand& o : operands_) {
