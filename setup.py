@@ -13,8 +13,8 @@ environment to the next and ninja recompiles only what changed.
 import glob
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,12 +35,31 @@ BUILD_TEMP = os.path.join(ROOT, "build", "temp")
 TORCH_HEADERS = os.path.join(ROOT, "build", "torch-headers")
 
 
+def torch_build() -> str:
+    """The torch build this extension compiles against: its version and git revision."""
+    import torch
+
+    return f"{torch.__version__} {torch.version.git_version}"
+
+
+def stamp_is(path: str, text: str) -> bool:
+    """Whether the stamp file `path` holds `text` (what its outputs were made from)."""
+    try:
+        with open(path) as f:
+            return f.read() == text
+    except OSError:
+        return False
+
+
+def write_stamp(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def codegen_inputs() -> str:
     """A digest of what the generated code is made from: the yaml, the code
     generator, and torch (torchgen and its native_functions.yaml)."""
-    import torch
-
-    digest = hashlib.sha256(f"{torch.__version__} {torch.version.git_version}".encode())
+    digest = hashlib.sha256(torch_build().encode())
     for path in ["backend_functions.yaml", *sorted(glob.glob("codegen/*.py", root_dir=ROOT))]:
         with open(os.path.join(ROOT, path), "rb") as f:
             digest.update(path.encode() + b"\0" + f.read())
@@ -54,7 +73,7 @@ def run_codegen() -> None:
     the target environment's torch (build_backend.py)."""
     stamp = os.path.join(ROOT, GENERATED, ".inputs")
     inputs = codegen_inputs()
-    if os.path.isfile(stamp) and open(stamp).read() == inputs:
+    if stamp_is(stamp, inputs):
         return
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
@@ -63,8 +82,7 @@ def run_codegen() -> None:
     args = ["--source-yaml", os.path.join(ROOT, "backend_functions.yaml"), "--output-dir", os.path.join(ROOT, GENERATED)]
     if main(args) != 0:
         raise SystemExit(f"python -m codegen {' '.join(args)} failed (its message is above)")
-    with open(stamp, "w") as f:
-        f.write(inputs)
+    write_stamp(stamp, inputs)
 
 
 def sources() -> list[str]:
@@ -88,11 +106,6 @@ def compile_order(source: str) -> int:
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
-
-
-def precompiled_headers() -> set[str]:
-    with open(os.path.join(ROOT, "csrc", "precompiled.h")) as f:
-        return set(INCLUDE.findall(f.read()))
 
 
 def includes_any(source: str, headers: set[str], project_dirs: list[str]) -> bool:
@@ -132,13 +145,12 @@ def stable_torch_headers(include_dirs: list[str]) -> list[str]:
     import torch
 
     torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
-    version = f"{torch.__version__} {torch.version.git_version}\n"
+    version = torch_build() + "\n"
     stamp = os.path.join(TORCH_HEADERS, ".torch-version")
-    if not os.path.isfile(stamp) or open(stamp).read() != version:
+    if not stamp_is(stamp, version):
         shutil.rmtree(TORCH_HEADERS, ignore_errors=True)
         shutil.copytree(torch_include, TORCH_HEADERS, copy_function=link_or_copy)
-        with open(stamp, "w") as f:
-            f.write(version)
+        write_stamp(stamp, version)
     return [
         TORCH_HEADERS + d[len(torch_include):] if d == torch_include or d.startswith(torch_include + os.sep) else d
         for d in include_dirs
@@ -177,11 +189,16 @@ class PrecompiledHeader:
                         "-x", "c++-header", self.header, "-o", self.gch, "-MMD", "-MF", self.gch + ".d", *post]
         self.process = None
 
+    def headers(self) -> set[str]:
+        """The torch headers it precompiles."""
+        with open(self.source) as f:
+            return set(INCLUDE.findall(f.read()))
+
     def current(self) -> bool:
         try:
-            return (open(self.stamp).read() == json.dumps(self.command)
-                    and all(os.path.getmtime(d) < os.path.getmtime(self.gch)
-                            for d in [self.source, *depfile_inputs(self.gch + ".d")] if d != self.header))
+            return stamp_is(self.stamp, json.dumps(self.command)) and all(
+                os.path.getmtime(d) < os.path.getmtime(self.gch)
+                for d in [self.source, *depfile_inputs(self.gch + ".d")] if d != self.header)
         except OSError:
             return False
 
@@ -218,8 +235,7 @@ class PrecompiledHeader:
                       f"{output[-2000:]}", flush=True)
                 self.supported = False
                 return []
-            with open(self.stamp, "w") as f:
-                f.write(json.dumps(self.command))
+            write_stamp(self.stamp, json.dumps(self.command))
             self.process = None
         return ["-include", self.header, "-Winvalid-pch"]
 
@@ -255,7 +271,7 @@ class BuildWithCodegen(BuildExtension):
             # it is being built, on the cores that leaves free, with a ninja
             # directory of their own (each ninja log keeps to its outputs).
             project_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED)]
-            headers = precompiled_headers()
+            headers = pch.headers()
             early = [s for s in sources if not includes_any(s, headers, project_dirs)]
             rest = sorted((s for s in sources if s not in early), key=compile_order)
             jobs = os.environ["MAX_JOBS"]

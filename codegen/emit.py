@@ -238,46 +238,49 @@ def kernel_table(cfg: BackendConfig) -> str:
     return "\n".join(f"      {{{cpp_string(op)}, {route}{kind}, {cpp_string(detail)}}}," for op, kind, detail in rows)
 
 
+def _name_tests(refs, returned) -> str:
+    """C++ lines returning `returned(ref)` when the operator name is one of `refs`."""
+    return "".join(f"  if ({name_test(r)}) {{\n    return {returned(r)};\n  }}\n" for r in refs)
+
+
+def _boxed(function: str) -> str:
+    return f"torch::CppFunction::makeFromBoxedFunction<&{function}>()"
+
+
+def _fallback_for_key(comment: str, key: str, function: str) -> str:
+    return f"{comment}TORCH_LIBRARY_IMPL(_, {key}, m) {{\n  m.fallback({_boxed(function)});\n}}"
+
+
 def register_fallback(cfg: BackendConfig) -> str:
     policy = cfg.fallback
-    blocked = "".join(
-        f"  if ({name_test(r)}) {{\n    return {cpp_string(r.reason or '')};\n  }}\n"
-        for r in policy.blocklist
-    )
-    accepts = "".join(
-        f"  if ({name_test(r)}) {{\n    return true;\n  }}\n" for r in policy.cpu_tensor_args
-    )
-    cpu_results = "".join(
-        f"  if ({name_test(r)}) {{\n    return true;\n  }}\n" for r in policy.cpu_results
-    )
-    impls = [
-        f'  m.impl("{r.name}", torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());'
-        for r in policy.ops
-    ] + [
-        f'  m.impl("{r.name}", torch::CppFunction::makeFromBoxedFunction<&blocked_kernel>());'
-        for r in policy.blocklist
+    blocked = _name_tests(policy.blocklist, lambda r: cpp_string(r.reason or ""))
+    accepts = _name_tests(policy.cpu_tensor_args, lambda r: "true")
+    cpu_results = _name_tests(policy.cpu_results, lambda r: "true")
+    impls = [f'  m.impl("{r.name}", {_boxed("openreg::cpu_fallback")});' for r in policy.ops] + [
+        f'  m.impl("{r.name}", {_boxed("blocked_kernel")});' for r in policy.blocklist
     ]
     sections = []
     if policy.enabled:
         sections.append(
-            "// Every operator without an openreg kernel runs through the CPU fallback.\n"
-            "TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {\n"
-            "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::cpu_fallback>());\n"
-            "}"
+            _fallback_for_key(
+                "// Every operator without an openreg kernel runs through the CPU fallback.\n",
+                "PrivateUse1",
+                "openreg::cpu_fallback",
+            )
         )
         if policy.nested:
             sections.append(
-                "// Nested tensors of the strided layout have a dispatch key of their own: every\n"
-                "// operator on them runs its NestedTensorCPU kernel on host aliases of the\n"
-                "// device memory (fallback.nested).\n"
-                "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
-                "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());\n"
-                "}"
+                _fallback_for_key(
+                    "// Nested tensors of the strided layout have a dispatch key of their own: every\n"
+                    "// operator on them runs its NestedTensorCPU kernel on host aliases of the\n"
+                    "// device memory (fallback.nested).\n",
+                    "NestedTensorPrivateUse1",
+                    "openreg::nested_fallback",
+                )
             )
             if policy.nested_ops:
                 lines = "\n".join(
-                    f'  m.impl("{f.func.name}", torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());'
-                    for f in policy.nested_ops
+                    f'  m.impl("{f.func.name}", {_boxed("openreg::nested_fallback")});' for f in policy.nested_ops
                 )
                 sections.append(
                     "// Operators with a NestedTensorCPU kernel and a CompositeImplicitAutograd one:\n"
@@ -287,12 +290,13 @@ def register_fallback(cfg: BackendConfig) -> str:
                 )
         else:
             sections.append(
-                "// Nested tensors of the strided layout have a dispatch key of their own, and\n"
-                "// fallback.nested is false: every operator on them raises an error that says\n"
-                "// so, instead of torch's \"Could not run ... 'NestedTensoropenreg'\".\n"
-                "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n"
-                "  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::refuse_nested>());\n"
-                "}"
+                _fallback_for_key(
+                    "// Nested tensors of the strided layout have a dispatch key of their own, and\n"
+                    "// fallback.nested is false: every operator on them raises an error that says\n"
+                    "// so, instead of torch's \"Could not run ... 'NestedTensoropenreg'\".\n",
+                    "NestedTensorPrivateUse1",
+                    "openreg::refuse_nested",
+                )
             )
     else:
         sections.append(

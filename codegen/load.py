@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -401,14 +401,11 @@ class _Reader:
         return ops
 
     def check_custom_ops(self, ops: tuple[CustomOp, ...]) -> None:
-        by_name: dict[str, CustomOp] = {}
-        for op in ops:
-            key = str(op.name)
-            if key in by_name:
-                raise YamlError(
-                    op.loc, f"custom operator '{key}' is declared twice (also line {by_name[key].loc.line}); keep one"
-                )
-            by_name[key] = op
+        repeated = _repeated((str(op.name), op.loc) for op in ops)
+        if repeated:
+            (key, first), (_, again) = repeated
+            raise YamlError(again, f"custom operator '{key}' is declared twice (also line {first.line}); keep one")
+        by_name = {str(op.name): op for op in ops}
         for op in ops:
             if op.backward is not None:
                 self.check_backward(op, by_name)
@@ -577,7 +574,6 @@ class _Reader:
 
     def check_unique(self, cfg: BackendConfig) -> None:
         """An operator is bound one way only."""
-        seen: dict[str, tuple[str, Location]] = {}
         groups: list[tuple[str, list[tuple[Any, Location]]]] = [
             ("kernels", [(k.name, k.loc) for k in cfg.kernels]),
             ("structured", [(f.func.name, s.loc) for s in cfg.structured for f in s.functions()]),
@@ -585,35 +581,38 @@ class _Reader:
             ("fallback.ops", [(r.name, r.loc) for r in cfg.fallback.ops]),
             ("fallback.blocklist", [(r.name, r.loc) for r in cfg.fallback.blocklist]),
         ]
-        for section, entries in groups:
-            for name, loc in entries:
-                key = str(name)
-                if key in seen:
-                    first_section, first_loc = seen[key]
-                    raise YamlError(
-                        loc,
-                        f"'{key}' is already bound in {first_section} at line {first_loc.line}; "
-                        "an operator has one binding: remove one of the entries",
-                    )
-                seen[key] = (section, loc)
-        stub_seen: dict[str, Location] = {}
-        for st in cfg.stubs:
-            if st.decl.name in stub_seen:
-                raise YamlError(
-                    st.loc,
-                    f"stub '{st.decl.name}' already has a kernel at line {stub_seen[st.decl.name].line}; "
-                    "a stub has one PrivateUse1 kernel",
-                )
-            stub_seen[st.decl.name] = st.loc
+        repeated = _repeated(
+            (str(name), (section, loc)) for section, entries in groups for name, loc in entries
+        )
+        if repeated:
+            (key, (first_section, first)), (_, (_, again)) = repeated
+            raise YamlError(
+                again,
+                f"'{key}' is already bound in {first_section} at line {first.line}; "
+                "an operator has one binding: remove one of the entries",
+            )
+        repeated = _repeated((st.decl.name, st.loc) for st in cfg.stubs)
+        if repeated:
+            (name, first), (_, again) = repeated
+            raise YamlError(
+                again, f"stub '{name}' already has a kernel at line {first.line}; a stub has one PrivateUse1 kernel"
+            )
         for section, refs in (("cpu_tensor_args", cfg.fallback.cpu_tensor_args), ("cpu_results", cfg.fallback.cpu_results)):
-            cpu_seen: dict[str, Location] = {}
-            for r in refs:
-                key = str(r.name)
-                if key in cpu_seen:
-                    raise YamlError(
-                        r.loc, f"'{key}' is listed twice in fallback.{section} (also line {cpu_seen[key].line})"
-                    )
-                cpu_seen[key] = r.loc
+            repeated = _repeated((str(r.name), r.loc) for r in refs)
+            if repeated:
+                (key, first), (_, again) = repeated
+                raise YamlError(again, f"'{key}' is listed twice in fallback.{section} (also line {first.line})")
+
+
+def _repeated(entries: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], tuple[str, Any]] | None:
+    """The first (key, value) whose key an earlier entry has, with that earlier
+    entry: (earlier, repeat); None when the keys are unique."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for entry in entries:
+        if entry[0] in seen:
+            return seen[entry[0]], entry
+        seen[entry[0]] = entry
+    return None
 
 
 def _kind(value: Any) -> str:

@@ -1,5 +1,7 @@
 // The torch headers most translation units include, precompiled once per build
-// (setup.py: build_precompiled_header) and given to every unit with -include.
+// (setup.py: PrecompiledHeader) and given with -include to every unit that
+// includes one of them (the others compile without it: loading it costs more
+// than they parse).
 // Parsing them costs 2-6 s per unit, more than compiling most units' own code.
 //
 // Only torch's headers belong here: they do not change between builds (setup.py

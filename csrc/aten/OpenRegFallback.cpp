@@ -197,17 +197,30 @@ void reset_fallback_stats() {
   s.counts.clear();
 }
 
+namespace {
+
+// Both fallbacks: unless OPENREG_FALLBACK=error (then the operator's name and
+// `forbidden` are the error), runs the operator's `key` kernel on host aliases
+// of its openreg tensors and counts the call.
+void run_on_host(
+    const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey key, const char* forbidden) {
+  const c10::OperatorName& name = op.operator_name();
+  const FallbackMode current = fallback_mode();
+  TORCH_CHECK_NOT_IMPLEMENTED(current != FallbackMode::Error, c10::toString(name), forbidden);
+  FallbackCall(op, stack, key).run();
+  note_fallback(name, current);
+}
+
+} // namespace
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
   const trace::Scope scope(name, trace::Route::Fallback);
-  const FallbackMode current = fallback_mode();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      current != FallbackMode::Error, c10::toString(name),
+  run_on_host(
+      op, stack, c10::DispatchKey::CPU,
       " has no openreg kernel, and OPENREG_FALLBACK=error forbids running it on the CPU fallback. "
       "Give it a kernel in backend_functions.yaml (kernels:, structured: or stubs:; see "
       "docs/adding_an_op.md), or allow the fallback with torch.openreg.set_fallback_mode(\"silent\").");
-  FallbackCall(op, stack, c10::DispatchKey::CPU).run();
-  note_fallback(name, current);
 }
 
 void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -226,15 +239,12 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         "(layout=torch.jagged), or apply the operator to the tensors of nt.unbind().");
   }
   const trace::Scope scope(name, trace::Route::NestedFallback);
-  const FallbackMode current = fallback_mode();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      current != FallbackMode::Error, c10::toString(name),
+  run_on_host(
+      op, stack, c10::DispatchKey::NestedTensorCPU,
       " got a nested tensor of the strided layout, which openreg runs on the nested CPU fallback only "
       "(torch's NestedTensorCPU kernel on the device memory), and OPENREG_FALLBACK=error forbids it. "
       "Allow the fallback with torch.openreg.set_fallback_mode(\"silent\"), or use torch.nested's "
       "jagged layout (layout=torch.jagged), whose operators run on openreg's dense kernels.");
-  FallbackCall(op, stack, c10::DispatchKey::NestedTensorCPU).run();
-  note_fallback(name, current);
 }
 
 void raise_blocked(const c10::OperatorHandle& op, const char* reason) {
