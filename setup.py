@@ -169,10 +169,13 @@ class PrecompiledHeader:
     the units with (torch.utils.cpp_extension: unix_wrap_ninja_compile), into
     <build_temp>/pch. GCC takes the .gch beside the header it is told to
     include; a .gch built from other flags would be refused (-Winvalid-pch says
-    so). It is rebuilt when its command or one of the headers it read changes;
-    then the header beside it is rewritten as well, and ninja, which sees it in
-    every unit's depfile, recompiles the units. Other compilers, or a header
-    that does not compile, get no -include (same results, slower)."""
+    so). It is rebuilt when its command or one of the headers it read changes.
+    The units' depfiles do not list it, nor the headers it holds (GCC leaves
+    out what came precompiled), so their command names it instead: a macro
+    (-DOPENREG_PRECOMPILED=<digest>) that changes with the header's command,
+    its text and torch's build, and makes ninja recompile every unit that uses
+    it when any of them changes. Other compilers, or a header that does not
+    compile, get no -include (same results, slower)."""
 
     def __init__(self, compiler, output_dir, macros, include_dirs, debug, extra_preargs, extra_postargs):
         cxx = compiler.compiler_so[0]
@@ -237,7 +240,10 @@ class PrecompiledHeader:
                 return []
             write_stamp(self.stamp, json.dumps(self.command))
             self.process = None
-        return ["-include", self.header, "-Winvalid-pch"]
+        with open(self.source, "rb") as f:
+            digest = hashlib.sha256(f"{json.dumps(self.command)}\0{torch_build()}\0".encode() + f.read())
+        # GCC accepts a precompiled header under a macro the header does not use.
+        return ["-include", self.header, "-Winvalid-pch", f"-DOPENREG_PRECOMPILED={digest.hexdigest()[:16]}"]
 
 
 class BuildWithCodegen(BuildExtension):
