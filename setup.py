@@ -58,9 +58,11 @@ def write_stamp(path: str, text: str) -> None:
 
 def codegen_inputs() -> str:
     """A digest of what the generated code is made from: the yaml, the code
-    generator, and torch (torchgen and its native_functions.yaml)."""
+    generator (its modules and C++ templates), and torch (torchgen and its
+    native_functions.yaml)."""
     digest = hashlib.sha256(torch_build().encode())
-    for path in ["backend_functions.yaml", *sorted(glob.glob("codegen/*.py", root_dir=ROOT))]:
+    generator = glob.glob("codegen/**/*.py", root_dir=ROOT, recursive=True) + glob.glob("codegen/templates/*", root_dir=ROOT)
+    for path in ["backend_functions.yaml", *sorted(generator)]:
         with open(os.path.join(ROOT, path), "rb") as f:
             digest.update(path.encode() + b"\0" + f.read())
     return digest.hexdigest()

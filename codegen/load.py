@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from codegen.cpp import NATIVE_HEADER
 from codegen.model import (
     BackendConfig,
     CpuKernelEntry,
@@ -20,8 +21,8 @@ from codegen.model import (
     FallbackPolicy,
     KernelEntry,
     Location,
-    NATIVE_HEADER,
     OpRef,
+    Route,
     StructuredEntry,
     StubEntry,
     YamlError,
@@ -34,7 +35,7 @@ from codegen.native import (
     structured_groups,
 )
 from codegen.sources import defined_functions
-from codegen.stubs import declared_stubs
+from codegen.stubs import StubDecl, declared_stubs, stubs_with_cpu_kernel
 from torchgen.model import (
     BaseTy,
     BaseType,
@@ -57,9 +58,16 @@ CPU_KERNEL_KEYS = ("op",)
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg", "autograd")
 FALLBACK_KEYS = ("global", "nested", "ops", "blocklist", "cpu_tensor_args", "cpu_results")
 OP_REF_KEYS = ("op",)
-STRUCTURED_KEYS = ("op", "impl", "host_impl")
-STUB_KEYS = ("stub", "kernel", "cpu_kernel")
-_ITERATORS = ("TensorIteratorBase&", "TensorIterator&")
+STRUCTURED_KEYS = ("op", "impl", "on_cpu_aliases")
+STUBS_KEYS = ("cpu_kernels", "kernels")
+STUB_KEYS = ("stub", "kernel")
+# Keys an earlier format of the file used, and what replaced them.
+RENAMED = {
+    "host_impl": "'host_impl' is now 'on_cpu_aliases' (CPU's impl() on CPU aliases of the tensors): rename the key",
+    "cpu_kernel": "stubs no longer take 'cpu_kernel: true': with 'stubs.cpu_kernels: true' every stub that takes a "
+    "TensorIterator runs CPU's kernel on device memory unless 'stubs.kernels' names an openreg kernel for it; "
+    "remove the entry",
+}
 CUSTOM_OP_KEYS = ("schema", "kernel", "meta", "backward")
 CUSTOM_NAMESPACE = "openreg"
 # Argument types a generated autograd function can keep for the backward besides
@@ -128,6 +136,8 @@ class _Reader:
 
     def check_keys(self, mapping: dict[str, Any], allowed: tuple[str, ...], what: str) -> None:
         for key in mapping[KEY_LINES]:
+            if key not in allowed and key in RENAMED:
+                raise YamlError(self.key_loc(mapping, key), f"in {what}: {RENAMED[key]}")
             if key not in allowed:
                 raise YamlError(
                     self.key_loc(mapping, key),
@@ -261,8 +271,8 @@ class _Reader:
                     self.key_loc(entry, "op"),
                     f"'{name}' has a mutable variant, which structured kernels do not support; bind it under 'kernels'",
                 )
-            impl = self.get(entry, "impl", str, what, default=None)
-            host_impl = self.get(entry, "host_impl", bool, what, default=False)
+            impl = self.function_name(entry, "impl", what, required=False)
+            on_aliases = self.get(entry, "on_cpu_aliases", bool, what, default=False)
             kernel = cpu_kernel(g)
             if impl is None and (kernel is None or not kernel.structured):
                 raise YamlError(
@@ -270,28 +280,27 @@ class _Reader:
                     f"'{name}' has no structured CPU kernel whose class openreg could reuse; give it an openreg "
                     "'impl' or bind it under 'kernels'",
                 )
-            if host_impl and impl is not None:
+            if on_aliases and impl is not None:
                 raise YamlError(
-                    self.key_loc(entry, "host_impl"),
-                    f"'{name}' names an openreg 'impl', which takes device tensors; 'host_impl' runs CPU's impl() "
-                    "on host aliases instead: give one of the two",
+                    self.key_loc(entry, "on_cpu_aliases"),
+                    f"'{name}' names an openreg 'impl', which takes device tensors; 'on_cpu_aliases' runs CPU's "
+                    "impl() on CPU aliases instead: give one of the two",
                 )
-            if host_impl:
-                self.check_host_impl_arguments(entry, g)
-            out.append(
-                StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE]), impl=impl, host_impl=host_impl)
-            )
+            if on_aliases:
+                self.check_alias_arguments(entry, g)
+            route = Route.structured_impl if impl else Route.structured_on_cpu_aliases if on_aliases else Route.structured
+            out.append(StructuredEntry(group=g, cpu_kernel=kernel, loc=self.loc(entry[LINE]), route=route, impl=impl))
         return tuple(out)
 
-    def check_host_impl_arguments(self, entry: dict[str, Any], g: NativeFunctionsGroup) -> None:
-        """A host_impl wrapper gives impl() a host alias for each Tensor
+    def check_alias_arguments(self, entry: dict[str, Any], g: NativeFunctionsGroup) -> None:
+        """An on_cpu_aliases wrapper gives impl() a CPU alias for each Tensor
         argument; optional tensors and tensor lists have no alias to give."""
         for f in g.functions():
             for a in f.func.arguments.flat_all:
                 if a.type.is_tensor_like() and a.type != BaseType(BaseTy.Tensor):
                     raise YamlError(
-                        self.key_loc(entry, "host_impl"),
-                        f"'host_impl' gives impl() host aliases of Tensor arguments only, but {f.func.name} takes "
+                        self.key_loc(entry, "on_cpu_aliases"),
+                        f"'on_cpu_aliases' gives impl() CPU aliases of Tensor arguments only, but {f.func.name} takes "
                         f"'{a.name}' of type {a.type}: give the group an openreg 'impl' or bind it under 'cpu_kernels'",
                     )
 
@@ -334,10 +343,24 @@ class _Reader:
         return tuple(out)
 
     def stubs(self, top: dict[str, Any]) -> tuple[StubEntry, ...]:
-        out = []
+        """The yaml's openreg stub kernels, then (with cpu_kernels) CPU's
+        kernel for every other stub that can run on device memory."""
+        if "stubs" not in top:
+            return ()
+        line = self.key_loc(top, "stubs").line
+        if isinstance(top["stubs"], list):
+            raise YamlError(
+                self.loc(line),
+                "'stubs' is a mapping: 'cpu_kernels: true' (CPU's kernel for every stub that takes a "
+                "TensorIterator) and 'kernels:', a list of {stub, kernel} entries naming openreg kernels; "
+                "see docs/backend_functions.md",
+            )
+        section = self.mapping(top["stubs"], line, "'stubs'")
+        self.check_keys(section, STUBS_KEYS, "stubs")
         declared = declared_stubs()
-        for entry, _ in self.items(top, "stubs", "the file"):
-            what = "a stubs entry"
+        out = []
+        for entry, _ in self.items(section, "kernels", "stubs"):
+            what = "a stubs.kernels entry"
             self.check_keys(entry, STUB_KEYS, what)
             name = self.get(entry, "stub", str, what, required=True).strip()
             decl = declared.get(name.split("::")[-1])
@@ -348,21 +371,37 @@ class _Reader:
                     f"(torch/include/ATen/native).{_suggest(name, list(declared))} "
                     "Give the stub's name as declared, e.g. 'neg_stub'.",
                 )
-            cpu = self.get(entry, "cpu_kernel", bool, what, default=False)
-            kernel = self.function_name(entry, "kernel", what, required=not cpu)
-            if cpu and kernel is not None:
-                raise YamlError(
-                    self.key_loc(entry, "kernel"),
-                    f"stub '{name}' has both 'kernel' and 'cpu_kernel: true'; keep one",
-                )
-            if cpu and (not decl.params or decl.params[0] not in _ITERATORS):
-                raise YamlError(
-                    self.key_loc(entry, "cpu_kernel"),
-                    f"'cpu_kernel: true' needs a stub that takes a TensorIterator first, and {decl.name} takes "
-                    f"({', '.join(decl.params or ())}); write a kernel for it and name it with 'kernel'",
-                )
-            out.append(StubEntry(decl=decl, kernel=kernel, loc=self.loc(entry[LINE]), cpu_kernel=cpu))
+            kernel = self.function_name(entry, "kernel", what)
+            out.append(StubEntry(decl=decl, kernel=kernel, loc=self.loc(entry[LINE]), route=Route.stub_kernel))
+        if self.get(section, "cpu_kernels", bool, "stubs", default=False):
+            loc = self.key_loc(section, "cpu_kernels")
+            named = {st.decl.name for st in out}
+            out += [
+                StubEntry(decl=decl, kernel=None, loc=loc, route=Route.stub_cpu_kernel)
+                for name, decl in sorted(declared.items())
+                if name not in named and cpu_kernel_runs_on_device_memory(decl)
+            ]
         return tuple(out)
+
+    def check_structured_stubs(self, cfg: BackendConfig) -> None:
+        """A structured group whose CPU impl() runs on the device tensors
+        reaches the device through its stubs: the one named after it that takes
+        tensors (not an iterator) needs an openreg kernel, since CPU's kernel
+        of such a stub cannot be given device memory."""
+        served = {st.decl.name for st in cfg.stubs}
+        declared = declared_stubs()
+        for s in cfg.structured:
+            if s.route is not Route.structured:
+                continue
+            for decl in tensor_stubs_of(s.group, declared):
+                if decl.name not in served:
+                    raise YamlError(
+                        s.loc,
+                        f"'{s.name}': CPU's impl() calls {decl.qualified_name} ({decl.header}), which takes "
+                        f"({', '.join(decl.params or ())}) rather than a TensorIterator, so it needs an openreg "
+                        f"kernel: name one under stubs.kernels, give the group an openreg 'impl', or run CPU's "
+                        "impl() on CPU aliases with 'on_cpu_aliases: true'",
+                    )
 
     def custom_ops(self, top: dict[str, Any]) -> tuple[CustomOp, ...]:
         out = []
@@ -569,6 +608,7 @@ class _Reader:
             custom_namespace=CUSTOM_NAMESPACE,
         )
         self.check_unique(cfg)
+        self.check_structured_stubs(cfg)
         self.check_definitions(cfg)
         return cfg
 
@@ -591,7 +631,7 @@ class _Reader:
                 f"'{key}' is already bound in {first_section} at line {first.line}; "
                 "an operator has one binding: remove one of the entries",
             )
-        repeated = _repeated((st.decl.name, st.loc) for st in cfg.stubs)
+        repeated = _repeated((st.decl.name, st.loc) for st in cfg.stubs if st.route is Route.stub_kernel)
         if repeated:
             (name, first), (_, again) = repeated
             raise YamlError(
@@ -602,6 +642,42 @@ class _Reader:
             if repeated:
                 (key, first), (_, again) = repeated
                 raise YamlError(again, f"'{key}' is listed twice in fallback.{section} (also line {first.line})")
+
+
+_ITERATORS = ("TensorIteratorBase&", "TensorIterator&")
+
+
+def cpu_kernel_runs_on_device_memory(decl: StubDecl) -> bool:
+    """Whether CPU's kernel of a stub can serve openreg (Route.stub_cpu_kernel):
+    libtorch_cpu has one, it takes a TensorIterator, whose operands openreg
+    points at kernel addresses, and no Generator (CPU's kernel would draw from
+    CPU's generator, not the device's). Quantized stubs are left out: openreg
+    has no quantized tensors."""
+    params = decl.params or ()
+    return (
+        decl.name in stubs_with_cpu_kernel()
+        and bool(params)
+        and params[0] in _ITERATORS
+        and not any("Generator" in p for p in params)
+        and "/quantized/" not in decl.header
+    )
+
+
+def tensor_stubs_of(g: NativeFunctionsGroup, declared: dict[str, StubDecl]) -> list[StubDecl]:
+    """The stubs named after a structured group (`cumsum_stub`, `sort_stub`,
+    `avg_pool2d_kernel`) that take tensors rather than an iterator: those its
+    CPU impl() calls by torch's naming. torch's headers do not say which
+    stubs an impl() calls; this is the part the name tells."""
+    root = g.root_name.lstrip("_")
+    found = [declared.get(f"{root}_stub"), declared.get(f"{root}_kernel")]
+    return [
+        d
+        for d in found
+        if d is not None
+        and d.name in stubs_with_cpu_kernel()  # one torch uses
+        and not (d.params and d.params[0] in _ITERATORS)
+        and "/quantized/" not in d.header
+    ]
 
 
 def _repeated(entries: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], tuple[str, Any]] | None:

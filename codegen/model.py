@@ -1,11 +1,13 @@
 """The data model of backend_functions.yaml.
 
 Every entry is a frozen dataclass that keeps the file and line it came from, so
-that any later stage can report an error where the user has to fix it.
+that any later stage can report an error where the user has to fix it. Each
+entry knows its `Route`: how openreg serves the operator or stub it names.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from codegen.stubs import StubDecl
@@ -13,62 +15,39 @@ from torchgen.api import meta
 from torchgen.model import BackendMetadata, NativeFunction, NativeFunctionsGroup, OperatorName
 
 
-# The generated header that declares every kernel the yaml names.
-NATIVE_HEADER = "OpenRegNativeFunctions.h"
-# For `cpu_kernel: true` stubs: the hand-written header (under csrc/) and the
-# class template in cpp_namespace whose `run` calls a stub's CPU kernel.
-CPU_KERNEL_HEADER = "aten/native/CpuStub.h"
-CPU_KERNEL_TEMPLATE = "CpuKernelOf"
-# Called between a structured op's meta() and impl(), with the op object
-# (declared in CPU_KERNEL_HEADER, in the backend's cpp_namespace).
-STRUCTURED_PREPARE = "prepare_structured_impl"
-# Every generated kernel entry point opens a trace scope (csrc/aten/OpenRegTrace.h):
-# the dispatch trace and the profiler observe calls through it.
-TRACE_HEADER = "aten/OpenRegTrace.h"
-# openreg::OptionalDeviceGuard, the generated wrappers' device guard.
-DEVICE_HEADER = "aten/OpenRegDevice.h"
-# What a structured class does when meta() asks for an output (allocate,
-# resize, check, proxy): set_new_output and set_given_output.
-STRUCTURED_HEADER = "aten/OpenRegStructured.h"
-STRUCTURED_NAMESPACE = "::openreg::structured"
-TRACE_NAMESPACE = "::openreg::trace"
+class Route(enum.Enum):
+    """How openreg serves a call. The one vocabulary of the project: the yaml,
+    the generated code, `python -m codegen --list`, `python -m torch_openreg
+    info`, the dispatch trace and the profiler name routes by these values, and
+    csrc/aten/OpenRegRoutes.h declares the same enum for C++ (a test compares
+    the two). docs/adding_an_op.md has the table of what each one costs."""
 
-
-def trace_scope(op: str, route: str, kernel: str) -> str:
-    """The statement that opens the trace scope of one call; `route` names a
-    value of openreg::trace::Route."""
-    return f'const {TRACE_NAMESPACE}::Scope trace_scope("{op}", {TRACE_NAMESPACE}::Route::{route}, "{kernel}");'
-
-
-def common_device_checks(op: str, tensors: list[str]) -> list[str]:
-    """The statements torchgen writes for in-tree backends to check that the
-    named tensor arguments are all on one device
-    (c10::impl::check_and_update_common_device); `op` names the operator in
-    the error."""
-    return ["std::optional<c10::Device> common_device;"] + [
-        f'c10::impl::check_and_update_common_device(common_device, {a}, "{op}", "{a}");' for a in tensors
-    ]
-
-
-def wrapper_name(op: object) -> str:
-    """The generated wrapper of an aten operator: add.out -> wrapper_add_out."""
-    return "wrapper_" + str(op).replace(".", "_")
-
-
-def aten_registrations(wrappers: str, impls: str) -> str:
-    """Wrappers in an anonymous namespace and their PrivateUse1 registrations,
-    inside `namespace at` (which the caller closes)."""
-    return f"""namespace at {{
-namespace {{
-
-{wrappers}
-
-}} // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{
-{impls}
-}}
-"""
+    # An openreg function with the operator's signature (yaml: kernels).
+    kernel = "kernel"
+    # torch's meta(), then CPU's impl() on the device tensors; the DispatchStubs
+    # impl() calls reach stub routes (yaml: structured).
+    structured = "structured"
+    # torch's meta(), then an openreg impl() (yaml: structured with `impl`).
+    structured_impl = "structured_impl"
+    # torch's meta(), then CPU's impl() on CPU aliases of the tensors
+    # (yaml: structured with `on_cpu_aliases: true`).
+    structured_on_cpu_aliases = "structured_on_cpu_aliases"
+    # The operator's CPU kernel on CPU aliases of the tensors (yaml: cpu_kernels).
+    cpu_kernel = "cpu_kernel"
+    # An openreg function with a DispatchStub's type (yaml: stubs.kernels).
+    stub_kernel = "stub_kernel"
+    # CPU's kernel of a TensorIterator stub on device memory (yaml: stubs.cpu_kernels).
+    stub_cpu_kernel = "stub_cpu_kernel"
+    # An operator of the openreg library (yaml: custom_ops).
+    custom_op = "custom_op"
+    # The boxed CPU fallback (yaml: fallback.global, fallback.ops).
+    fallback = "fallback"
+    # Raises NotImplementedError with a reason (yaml: fallback.blocklist).
+    blocked = "blocked"
+    # On nested tensors of the strided layout: the NestedTensorCPU kernel on
+    # CPU aliases (yaml: fallback.nested), or refused.
+    nested_fallback = "nested_fallback"
+    nested_blocked = "nested_blocked"
 
 
 @dataclass(frozen=True)
@@ -107,6 +86,7 @@ class KernelEntry:
     # the operators the kernel calls.
     autograd: bool
     loc: Location
+    route: Route = Route.kernel
 
     @property
     def name(self) -> OperatorName:
@@ -115,14 +95,14 @@ class KernelEntry:
 
 @dataclass(frozen=True)
 class CpuKernelEntry:
-    """An aten operator whose own CPU kernel runs on the device memory: the
-    generated wrapper hands it host aliases of the openreg operands
-    (csrc/aten/OpenRegHostCall.h) and returns its results as openreg tensors."""
+    """An aten operator whose own CPU kernel runs on CPU aliases of the openreg
+    operands; its results come back as openreg tensors."""
 
     func: NativeFunction
     # CPU tensors of any shape are accepted beside openreg ones (fallback.cpu_tensor_args).
     accepts_cpu_tensors: bool
     loc: Location
+    route: Route = Route.cpu_kernel
 
     @property
     def name(self) -> OperatorName:
@@ -149,7 +129,7 @@ class FallbackPolicy:
     blocklist: tuple[OpRef, ...]  # operators that raise instead of falling back
     cpu_tensor_args: tuple[OpRef, ...]  # operators that accept CPU tensors of any shape
     # Nested tensors of the strided layout (NestedTensorPrivateUse1) run torch's
-    # NestedTensorCPU kernels on host aliases; otherwise every operator on them
+    # NestedTensorCPU kernels on CPU aliases; otherwise every operator on them
     # raises. Only with `enabled` (load.py checks).
     nested: bool = True
     # Operators whose results torch keeps on the CPU for every device (the
@@ -164,18 +144,18 @@ class FallbackPolicy:
 @dataclass(frozen=True)
 class StructuredEntry:
     """A structured group: torch's meta() checks the arguments and asks for the
-    output, and impl() computes it. impl() is either torch's own structured CPU
-    class (whose DispatchStubs reach openreg kernels) or, with `impl`, an openreg
-    function taking the impl() arguments, for an operator whose CPU impl reads
-    memory itself instead of through a stub (as CUDA has its own impl). With
-    `host_impl`, torch's CPU impl() runs on host aliases of the tensors, for an
-    impl that calls its CPU kernel with kCPU or a stub taking tensors."""
+    output, and impl() computes it (Route says whose impl() and on what)."""
 
     group: NativeFunctionsGroup
     cpu_kernel: BackendMetadata | None  # names the exported class {cpp_namespace}::structured_{kernel}
     loc: Location
-    impl: str | None = None  # function in BackendConfig.cpp_namespace
-    host_impl: bool = False  # CPU's impl() runs on host aliases of the tensor arguments
+    route: Route
+    impl: str | None = None  # with Route.structured_impl: a function in BackendConfig.cpp_namespace
+
+    def __post_init__(self) -> None:
+        assert self.route in (Route.structured, Route.structured_impl, Route.structured_on_cpu_aliases)
+        assert (self.impl is not None) == (self.route is Route.structured_impl)
+        assert self.impl is not None or self.cpu_kernel is not None
 
     @property
     def name(self) -> OperatorName:
@@ -183,24 +163,16 @@ class StructuredEntry:
 
     @property
     def parent_class(self) -> str:
+        """The class the generated ones derive from: torch's meta class for an
+        openreg impl(), CPU's structured class (meta() and impl()) otherwise."""
         if self.impl is not None:
             return f"at::meta::structured_{meta.name(self.group)}"
         assert self.cpu_kernel is not None
         return f"{self.cpu_kernel.cpp_namespace}::structured_{self.cpu_kernel.kernel}"
 
-    @property
-    def stem(self) -> str:
-        """What the generated classes are named after."""
-        if self.impl is not None:
-            return self.impl
-        assert self.cpu_kernel is not None
-        return self.cpu_kernel.kernel
-
     def serving(self, namespace: str) -> str:
-        """The function that computes the result, for traces and bindings()."""
-        if self.impl is not None:
-            return f"{namespace}::{self.impl}"
-        return f"{self.parent_class} on host aliases" if self.host_impl else self.parent_class
+        """The function that computes the result, for traces and the route table."""
+        return f"{namespace}::{self.impl}" if self.impl is not None else self.parent_class
 
     def functions(self) -> tuple[NativeFunction, ...]:
         """The out=, functional and in-place operators, each given a wrapper."""
@@ -209,14 +181,18 @@ class StructuredEntry:
 
 @dataclass(frozen=True)
 class StubEntry:
-    """A DispatchStub whose PrivateUse1 entry is an openreg kernel."""
+    """A DispatchStub with a PrivateUse1 kernel: an openreg function
+    (Route.stub_kernel, named in the yaml) or CPU's kernel of the stub on
+    device memory (Route.stub_cpu_kernel, derived from torch's headers)."""
 
     decl: StubDecl
-    kernel: str | None  # function name inside BackendConfig.cpp_namespace
+    kernel: str | None  # with Route.stub_kernel: a function in BackendConfig.cpp_namespace
     loc: Location
-    # No hand-written kernel: run torch's CPU kernel of the same stub on the
-    # device memory (CPU_KERNEL_TEMPLATE in CPU_KERNEL_HEADER).
-    cpu_kernel: bool = False
+    route: Route
+
+    def __post_init__(self) -> None:
+        assert self.route in (Route.stub_kernel, Route.stub_cpu_kernel)
+        assert (self.kernel is not None) == (self.route is Route.stub_kernel)
 
 
 @dataclass(frozen=True)
@@ -228,6 +204,7 @@ class CustomOp:
     meta: str  # Meta kernel in cpp_namespace: shapes and dtypes only, for FakeTensor
     backward: str | None  # name of the custom op computing its input gradients
     loc: Location
+    route: Route = Route.custom_op
 
     @property
     def name(self) -> OperatorName:
@@ -241,6 +218,8 @@ class BackendConfig:
     kernels: tuple[KernelEntry, ...]
     fallback: FallbackPolicy
     structured: tuple[StructuredEntry, ...] = ()
+    # Every stub with a PrivateUse1 kernel: the yaml's stubs.kernels, then the
+    # derived stub_cpu_kernel ones.
     stubs: tuple[StubEntry, ...] = ()
     custom_ops: tuple[CustomOp, ...] = ()
     custom_namespace: str = "openreg"
@@ -248,32 +227,3 @@ class BackendConfig:
 
     def custom_op(self, name: str) -> CustomOp | None:
         return next((c for c in self.custom_ops if str(c.name) == name), None)
-
-    def binding_of(self) -> dict[str, str]:
-        """How each operator named in the yaml is bound, for --list."""
-        bound: dict[str, str] = {}
-        for k in self.kernels:
-            bound[str(k.name)] = f"wrapper -> {self.cpp_namespace}::{k.kernel}"
-        for s in self.structured:
-            for f in s.functions():
-                bound[str(f.func.name)] = f"structured ({s.serving(self.cpp_namespace)}, {f.func.kind().name})"
-        for c in self.cpu_kernels:
-            bound[str(c.name)] = "cpu kernel -> torch's CPU kernel on device memory"
-        for st in self.stubs:
-            target = "torch's CPU kernel on device memory" if st.cpu_kernel else f"{self.cpp_namespace}::{st.kernel}"
-            bound[f"stub {st.decl.qualified_name}"] = f"stub -> {target}"
-        for c in self.custom_ops:
-            autograd = f"backward {self.custom_namespace}::{c.backward}" if c.backward else "no derivative"
-            bound[f"{self.custom_namespace}::{c.name}"] = (
-                f"custom -> {self.cpp_namespace}::{c.kernel} (meta {c.meta}, {autograd})"
-            )
-        for r in self.fallback.ops:
-            bound[str(r.name)] = "fallback (per operator)"
-        for r in self.fallback.blocklist:
-            bound[str(r.name)] = f"blocked: {r.reason}"
-        for f in self.fallback.nested_ops:
-            bound[f"nested {f.func.name}"] = (
-                "nested CPU fallback, registered by name (its CompositeImplicitAutograd kernel would hide "
-                "its NestedTensorCPU kernel)"
-            )
-        return bound

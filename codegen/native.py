@@ -6,6 +6,8 @@ import functools
 import os
 
 import torchgen
+from torchgen.api.types import CppSignature, CppSignatureGroup
+from torchgen.context import native_function_manager
 from torchgen.gen import get_grouped_native_functions, parse_native_yaml, ParsedYaml
 from torchgen.model import BackendMetadata, DispatchKey, NativeFunction, NativeFunctionsGroup
 
@@ -84,3 +86,18 @@ def nested_kernels_behind_composites() -> tuple[NativeFunction, ...]:
         for f in parsed().native_functions
         if f.has_composite_implicit_autograd_kernel and nested_cpu.has_kernel(f)
     )
+
+
+def cpu_function(f: NativeFunction) -> tuple[str, CppSignature]:
+    """(namespace, signature) of the C++ function that is CPU's kernel of
+    ``f``: ``at::cpu::sum_outf``. The faithful (schema-ordered) and SymInt
+    variant, so the dispatcher's arguments pass through unchanged."""
+    with native_function_manager(f):
+        group = CppSignatureGroup.from_native_function(f, method=False, fallback_binding=f.manual_cpp_binding)
+    sig = max(group.signatures(symint=True), key=lambda s: (s.symint, s.faithful))
+    return f"at::{cpu_dispatch_namespace(f)}", sig
+
+
+def cpu_function_name(f: NativeFunction) -> str:
+    namespace, sig = cpu_function(f)
+    return f"{namespace}::{sig.name()}"

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
@@ -47,6 +48,33 @@ def torch_include_dir() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("torch is not installed; the codegen reads its headers")
     return os.path.join(list(spec.submodule_search_locations)[0], "include")
+
+
+def torch_lib_dir() -> str:
+    return os.path.join(os.path.dirname(torch_include_dir()), "lib")
+
+
+# The static member DECLARE_DISPATCH's DispatchStub holds the CPU kernel in
+# (DispatchStub.h), mangled: ..._DECLARE_DISPATCH_typeEE7DEFAULTE.
+_CPU_KERNEL_SYMBOL = re.compile(r"(\w+?)_DECLARE_DISPATCH_typeEE7DEFAULTE\b")
+
+
+@functools.lru_cache(maxsize=None)
+def stubs_with_cpu_kernel(lib_dir: str | None = None) -> frozenset[str]:
+    """The stubs libtorch_cpu gives a CPU kernel (REGISTER_DISPATCH in torch's
+    build): those whose DEFAULT kernel pointer it defines. A stub that is
+    declared but has none in this build (min_elementwise_stub) cannot lend its
+    CPU kernel, and its pointer would not even link. Read from the library's
+    dynamic symbols with binutils' nm, which the compiler's toolchain has."""
+    lib = os.path.join(lib_dir or torch_lib_dir(), "libtorch_cpu.so")
+    try:
+        out = subprocess.run(
+            ["nm", "-D", "--defined-only", lib], check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise RuntimeError(f"cannot list the symbols of {lib} with nm (binutils): {e}") from None
+    # The name is mangled with its length in front: "30abs_stub".
+    return frozenset(re.sub(r"^\d+", "", m.group(1).rsplit("ENS0_", 1)[-1]) for m in _CPU_KERNEL_SYMBOL.finditer(out))
 
 
 def split_params(text: str) -> list[str]:

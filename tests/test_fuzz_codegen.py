@@ -99,7 +99,8 @@ kernel_entry = entry(
     {"symint": boolean, "device_guard": boolean, "device_check": boolean, "handles_conj_neg": boolean},
 )
 structured_entry = entry({"op": field(op_name)}, {})
-stub_entry = entry({"stub": field(st.sampled_from(STUBS))}, {"kernel": field(identifier), "cpu_kernel": boolean})
+stub_entry = entry({"stub": field(st.sampled_from(STUBS))}, {"kernel": field(identifier)})
+stubs = entry({}, {"cpu_kernels": boolean, "kernels": field(st.lists(stub_entry, max_size=4))})
 custom_entry = entry(
     {"schema": field(st.sampled_from(SCHEMAS)), "kernel": field(identifier), "meta": field(identifier)},
     {"backward": field(st.sampled_from(["g", "f", "f_backward", "h"]))},
@@ -123,7 +124,7 @@ documents = entry(
     {
         "kernels": section(kernel_entry),
         "structured": section(structured_entry),
-        "stubs": section(stub_entry),
+        "stubs": stubs,
         "custom_ops": section(custom_entry),
         "fallback": fallback,
     },

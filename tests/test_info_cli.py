@@ -34,7 +34,8 @@ def test_json_report_counts_every_aten_operator(report):
     assert sum(report["native_by_route"].values()) == report["counts"]["native"]
     assert report["counts"]["blocked"] == 1  # _pin_memory
     assert report["custom_operators"] == ["openreg::add_relu", "openreg::add_relu_backward"]
-    assert "at::native::add_stub" in report["stubs"]
+    assert "at::native::add_stub" in report["stubs"]["stub_cpu_kernel"]
+    assert "at::native::index_stub" in report["stubs"]["stub_kernel"]
 
 
 def test_json_report_lists_devices_and_memory(report):
@@ -46,7 +47,7 @@ def test_json_report_lists_devices_and_memory(report):
 
 def test_native_count_matches_the_operators_the_yaml_binds(report):
     bound = info.bindings()
-    aten_native = {n for n, (route, _) in bound.items() if n.startswith("aten::") and route not in ("blocked", "CPU fallback", "stub kernel")}
+    aten_native = {n for n, (route, _) in bound.items() if n.startswith("aten::") and route.name not in ("blocked", "fallback", "stub_kernel", "stub_cpu_kernel")}
     assert report["counts"]["native"] == len(aten_native)
 
 
@@ -64,14 +65,14 @@ def test_text_report(report):
 @pytest.mark.parametrize(
     "name, category, served_by",
     [
-        ("aten::add.Tensor", "native", "structured kernel at::native::structured_ufunc_add_CPU"),
+        ("aten::add.Tensor", "native", "structured at::native::structured_ufunc_add_CPU"),
         ("aten::empty.memory_format", "native", "kernel openreg::native::empty_memory_format"),
-        ("aten::nan_to_num.out", "fallback", "CPU fallback"),
+        ("aten::nan_to_num.out", "fallback", "fallback"),
         ("aten::nan_to_num", "composite", "CompositeExplicitAutograd kernel: runs through other operators"),
         ("aten::linear", "composite", "CompositeImplicitAutograd kernel: runs through other operators"),
         ("aten::_pin_memory", "blocked", "blocked: only CPU tensors can be pinned; call .cpu() first"),
-        ("aten::mode.values", "fallback", "CPU fallback (fallback.ops in the yaml)"),
-        ("openreg::add_relu", "native", "custom op openreg::native::add_relu"),
+        ("aten::mode.values", "fallback", "fallback (fallback.ops in the yaml)"),
+        ("openreg::add_relu", "native", "custom_op openreg::native::add_relu"),
     ],
 )
 def test_classification(name, category, served_by):
@@ -96,7 +97,7 @@ def test_op_shows_the_dispatch_table():
     result = cli("info", "--op", "add.Tensor")
     assert result.returncode == 0, result.stderr
     assert "aten::add.Tensor: native" in result.stdout
-    assert "served by: structured kernel at::native::structured_ufunc_add_CPU" in result.stdout
+    assert "served by: structured at::native::structured_ufunc_add_CPU" in result.stdout
     assert "PrivateUse1 entry: registered at" in result.stdout
     assert "    CPU: registered at" in result.stdout  # the table itself
 
@@ -121,3 +122,15 @@ def test_no_command_shows_usage():
     result = cli()
     assert result.returncode == 2
     assert "usage: python -m torch_openreg" in result.stderr
+
+
+def test_routes_are_one_vocabulary_in_python_and_cpp():
+    """torch_openreg._C.Route (openreg::Route, csrc/aten/OpenRegRoutes.h) and
+    codegen.model.Route name the same routes in the same order."""
+    from codegen.model import Route
+
+    from torch_openreg import _C
+
+    assert list(_C.Route.__members__) == [r.value for r in Route]
+    bound_routes = {route.name for route, _ in info.bindings().values()}
+    assert bound_routes <= {r.value for r in Route}

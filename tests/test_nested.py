@@ -208,18 +208,18 @@ def test_operators_on_nested_tensors_are_counted_and_traced_as_the_nested_fallba
     env = dict(os.environ, TORCH_SHOW_DISPATCH_TRACE="1")
     err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stderr
-    assert "[call] op=[aten::relu], key=[NestedTensorPrivateUse1] -> nested CPU fallback" in err
-    assert "[call] op=[aten::to_padded_tensor], key=[NestedTensorPrivateUse1] -> nested CPU fallback" in err
+    assert "[call] op=[aten::relu], key=[NestedTensorPrivateUse1] -> nested_fallback" in err
+    assert "[call] op=[aten::to_padded_tensor], key=[NestedTensorPrivateUse1] -> nested_fallback" in err
 
 
 def test_info_reports_how_nested_operators_are_served():
     from torch_openreg import info
 
-    assert info.nested_route("aten::add.Tensor") == "nested fallback"
-    assert info.nested_route("aten::linear") == "nested fallback"  # registered by name over the composite
+    assert info.nested_route("aten::add.Tensor") == "nested_fallback"
+    assert info.nested_route("aten::linear") == "nested_fallback"  # registered by name over the composite
     assert info.nested_route("aten::softmax.int") == "composite"
     assert info.nested_route("aten::cumsum") == "unsupported"
-    assert info.classify("aten::linear").nested == "nested fallback"
+    assert info.classify("aten::linear").nested == "nested_fallback"
 
 
 def test_memory_goes_back_after_the_nested_tensors_are_dropped():

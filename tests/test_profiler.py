@@ -231,7 +231,7 @@ def test_chrome_trace_shows_openreg_kernels_and_copies_under_their_device(tmp_pa
     ]
     assert {e["pid"] for e in device} == {0}
     (kernel,) = [e for e in device if e["name"] == "aten::cumsum"]
-    assert kernel["args"]["route"] == "structured kernel"
+    assert kernel["args"]["route"] == "structured_on_cpu_aliases"
     # Each device event names the CPU op it belongs to by correlation id.
     cpu_ops_by_id = {e["args"]["External id"]: e["name"] for e in events if e.get("cat") == "cpu_op"}
     assert {cpu_ops_by_id[e["args"]["correlation"]] for e in device} == {"aten::_copy_from", "aten::cumsum"}

@@ -12,6 +12,7 @@ import torch
 from torch.testing import assert_close
 
 from codegen.load import load
+from codegen.model import Route
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "openreg"
@@ -602,7 +603,7 @@ def test_zero_of_a_tensor_on_another_device_than_the_current_one():
             assert torch.openreg.current_device() == 0
 
 
-# Structured groups declared `host_impl: true`: CPU's impl() runs on host
+# Structured groups declared `on_cpu_aliases: true`: CPU's impl() runs on host
 # aliases of the device tensors. out= operator -> its positional arguments,
 # built with `t(*shape)` (random tensors of the dtype under test, contiguous
 # or not; t.dtype is that dtype); a last dict holds keyword arguments.
@@ -624,7 +625,7 @@ def _max_pool_grad(t):
 
 
 SCATTER_INDEX = torch.tensor([[0, 5, 5], [1, 1, 2], [4, 3, 0], [2, 2, 2]])
-HOST_IMPL = {
+ON_ALIASES = {
     "_softmax.out": lambda t: (t(4, 6), -1, False),
     "_log_softmax.out": lambda t: (t(4, 6), 0, False),
     "_softmax_backward_data.out": lambda t: _softmax_grad(t, log=False),
@@ -655,7 +656,7 @@ HOST_IMPL = {
     "isin.Tensor_Tensor_out": lambda t: (t(4, 6).round(), t(7).round()),
     "isin.Tensor_Scalar_out": lambda t: (t(4, 6).round(), 0.0),
 }
-HOST_IMPL_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.host_impl}
+ON_ALIASES_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.route is Route.structured_on_cpu_aliases}
 
 
 class Maker:
@@ -678,10 +679,10 @@ def aten(op_name):
     return getattr(getattr(torch.ops.aten, root), overload or "default")
 
 
-def host_impl_call(name, dtype, contiguous):
+def on_cpu_aliases_call(name, dtype, contiguous):
     """(functional overload, out= overload, CPU arguments, keyword arguments)."""
-    g = HOST_IMPL_ENTRIES[name].group
-    args = HOST_IMPL[name](Maker(dtype, contiguous))
+    g = ON_ALIASES_ENTRIES[name].group
+    args = ON_ALIASES[name](Maker(dtype, contiguous))
     kwargs = args[-1] if isinstance(args[-1], dict) else {}
     return aten(str(g.functional.func.name)), aten(name), args[: len(args) - bool(kwargs)], kwargs
 
@@ -704,33 +705,33 @@ def run_both(fn, args, **kwargs):
     return expected, fn(*to_dev(args), **dev_kwargs)
 
 
-def test_every_host_impl_group_is_tested_here():
-    assert set(HOST_IMPL) == set(HOST_IMPL_ENTRIES)
+def test_every_on_cpu_aliases_group_is_tested_here():
+    assert set(ON_ALIASES) == set(ON_ALIASES_ENTRIES)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
 @pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "non_contiguous"])
-@pytest.mark.parametrize("name", sorted(HOST_IMPL))
-def test_host_impl_groups_match_cpu(name, contiguous, dtype):
-    functional, _, args, kwargs = host_impl_call(name, dtype, contiguous)
+@pytest.mark.parametrize("name", sorted(ON_ALIASES))
+def test_on_cpu_aliases_groups_match_cpu(name, contiguous, dtype):
+    functional, _, args, kwargs = on_cpu_aliases_call(name, dtype, contiguous)
     expected, actual = run_both(functional, args, **kwargs)
     if expected is None:
         return  # CPU raised (integer softmax, ...), and openreg raised the same
     assert_same(actual, expected)
 
 
-def host_impl_out_call(name):
+def on_cpu_aliases_out_call(name):
     """(out= overload, CPU arguments, keyword arguments, {out= argument name: CPU's result})."""
-    functional, out_op, args, kwargs = host_impl_call(name, torch.float32, contiguous=True)
+    functional, out_op, args, kwargs = on_cpu_aliases_call(name, torch.float32, contiguous=True)
     expected = functional(*args, **kwargs)
     expected = expected if isinstance(expected, tuple) else (expected,)
     names = [a.name for a in out_op._schema.arguments if a.is_out]
     return out_op, args, kwargs, dict(zip(names, expected))
 
 
-@pytest.mark.parametrize("name", sorted(HOST_IMPL))
-def test_host_impl_out_variants_resize_check_dtype_and_return_out(name):
-    out_op, args, kwargs, expected = host_impl_out_call(name)
+@pytest.mark.parametrize("name", sorted(ON_ALIASES))
+def test_on_cpu_aliases_out_variants_resize_check_dtype_and_return_out(name):
+    out_op, args, kwargs, expected = on_cpu_aliases_out_call(name)
     # Empty out= tensors are resized (no warning for 0 elements), then written.
     outs = {n: torch.empty(0, dtype=e.dtype, device=DEV) for n, e in expected.items()}
     returned = out_op(*to_dev(args), **kwargs, **outs)
@@ -746,9 +747,9 @@ def test_host_impl_out_variants_resize_check_dtype_and_return_out(name):
             assert_same(dev_result, cpu_result)
 
 
-@pytest.mark.parametrize("name", sorted(HOST_IMPL))
-def test_host_impl_rejects_a_cpu_tensor_among_openreg_ones(name):
-    out_op, args, kwargs, expected = host_impl_out_call(name)
+@pytest.mark.parametrize("name", sorted(ON_ALIASES))
+def test_on_cpu_aliases_rejects_a_cpu_tensor_among_openreg_ones(name):
+    out_op, args, kwargs, expected = on_cpu_aliases_out_call(name)
     outs = {n: torch.zeros_like(e) for n, e in expected.items()}  # on CPU
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         out_op(*to_dev(args), **kwargs, **outs)
@@ -756,7 +757,7 @@ def test_host_impl_rejects_a_cpu_tensor_among_openreg_ones(name):
         assert not o.any()  # nothing written
 
 
-def test_host_impl_out_that_is_the_input_matches_cpu():
+def test_on_cpu_aliases_out_that_is_the_input_matches_cpu():
     # Operands on one device storage share one host storage, so CPU's impl
     # sees the same tensors overlap as a CPU call.
     for name, op, args in [
@@ -782,7 +783,7 @@ def test_host_impl_out_that_is_the_input_matches_cpu():
         ("index_copy_", (0, torch.tensor([3, 0]), torch.ones(2, 6))),
     ],
 )
-def test_host_impl_in_place(method, args):
+def test_on_cpu_aliases_in_place(method, args):
     a = torch.randn(4, 6)
     d = a.to(DEV)
     ptr = d.data_ptr()
@@ -811,7 +812,7 @@ def test_host_impl_in_place(method, args):
     ],
     ids=["softmax", "log_softmax", "cumsum", "cumprod", "norm", "vector_norm", "avg_pool2d", "max_pool2d"],
 )
-def test_host_impl_autograd_matches_cpu(fn):
+def test_on_cpu_aliases_autograd_matches_cpu(fn):
     x = torch.randn(4, 6, dtype=torch.float64)
     cx, dx = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
     expected, actual = fn(cx), fn(dx)
@@ -838,7 +839,7 @@ def test_gelu_takes_cpus_path_and_gives_cpus_bits(approximate):
         assert torch.equal(torch.ops.aten.gelu_backward(db, da, approximate=approximate).cpu(), grad)
 
 
-def test_host_impl_leaves_no_memory_behind():
+def test_on_cpu_aliases_leaves_no_memory_behind():
     x = torch.randn(4, 6, device=DEV)
 
     def calls():

@@ -1,5 +1,5 @@
 """Training on openreg: autograd through every route an operator can take
-(native kernel, structured kernel, CPU fallback, custom operator), optimizers
+(routes kernel, structured, cpu_kernel, fallback, custom_op), optimizers
 with their state on the device, checkpoints, and multi-step parity with CPU."""
 
 import io
@@ -67,11 +67,11 @@ def test_the_routes_above_are_what_they_say():
     # If one of these becomes native the test above still passes, but its
     # labels lie; update them (pick another fallback op) when this fails.
     for op in ("aten::std.correction", "aten::flip"):
-        assert classify(op).served_by.startswith("CPU kernel on device memory"), op
+        assert classify(op).served_by.startswith("cpu_kernel "), op
     for op in ("aten::scatter_add", "aten::cumsum", "aten::_softmax", "aten::_softmax_backward_data"):
-        assert classify(op).served_by.endswith(" on host aliases"), op
-    assert classify("aten::mm").served_by == "structured kernel openreg::native::mm_out"
-    assert classify("aten::gather").served_by == "structured kernel openreg::native::gather_out"
+        assert classify(op).served_by.startswith("structured_on_cpu_aliases "), op
+    assert classify("aten::mm").served_by == "structured_impl openreg::native::mm_out"
+    assert classify("aten::gather").served_by == "structured_impl openreg::native::gather_out"
     assert classify("aten::_logcumsumexp").category == "fallback"
 
 

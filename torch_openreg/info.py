@@ -6,17 +6,19 @@ dispatch table (``torch._C._dispatch_dump_table``), which is what the
 dispatcher will really call, and by the bindings of backend_functions.yaml
 (compiled into the extension), which say how an openreg kernel serves it:
 
-- native: an openreg kernel (hand-written, structured, or a custom operator);
+- native: a route of backend_functions.yaml serves it (``_C.Route``: kernel,
+  structured, structured_impl, structured_on_cpu_aliases, cpu_kernel,
+  custom_op), or a PrivateUse1 kernel registered elsewhere;
 - composite: needs no openreg kernel, a CompositeImplicitAutograd or
   CompositeExplicitAutograd kernel runs it through other operators;
-- fallback: runs on the CPU fallback;
-- blocked: in the yaml blocklist, raises NotImplementedError;
+- fallback: runs on the CPU fallback (route fallback);
+- blocked: in the yaml blocklist, raises NotImplementedError (route blocked);
 - unsupported: nothing can run it on openreg (no CPU kernel for the fallback).
 
 On a nested tensor of the strided layout an operator dispatches to another key,
 NestedTensorPrivateUse1; ``nested`` says what serves it there (NESTED_ROUTES):
 
-- nested fallback: the nested CPU fallback, the operator's NestedTensorCPU
+- nested_fallback (the route): the nested CPU fallback, the operator's NestedTensorCPU
   kernel on the device memory;
 - composite: a CompositeImplicitAutograd kernel runs it through other operators;
 - unsupported: no NestedTensorCPU kernel (raises NotImplementedError, as CPU does);
@@ -36,7 +38,7 @@ import torch
 from torch_openreg import _C
 
 CATEGORIES = ("native", "composite", "fallback", "blocked", "unsupported")
-NESTED_ROUTES = ("nested fallback", "composite", "unsupported", "refused")
+NESTED_ROUTES = ("nested_fallback", "composite", "unsupported", "refused")
 
 # "PrivateUse1: registered at FILE:LINE [kernel]" in a computed dispatch table.
 _ENTRY = re.compile(r"^PrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
@@ -71,33 +73,36 @@ def nested_route(name: str, table: str | None = None) -> str:
     # The nested fallback (the key's backend fallback, or registered by name),
     # which raises for an operator without a NestedTensorCPU kernel.
     if torch._C._dispatch_has_kernel_for_dispatch_key(name, "NestedTensorCPU"):
-        return "nested fallback"
+        return "nested_fallback"
     return "unsupported"
 
 
-def bindings() -> dict[str, tuple[str, str]]:
+Route = _C.Route
+
+
+def bindings() -> dict[str, tuple[Route, str]]:
     """{operator or stub: (route, serving function or blocked reason)} from the yaml."""
     return {name: (route, detail) for name, route, detail in _C._bindings()}
 
 
-def classify(name: str, bound: dict[str, tuple[str, str]] | None = None) -> OperatorReport:
+def classify(name: str, bound: dict[str, tuple[Route, str]] | None = None) -> OperatorReport:
     """How openreg serves the operator ``name`` (e.g. "aten::add.Tensor")."""
     return _classify(name, bound, torch._C._dispatch_dump_table(name))
 
 
-def _classify(name: str, bound: dict[str, tuple[str, str]] | None, table: str) -> OperatorReport:
+def _classify(name: str, bound: dict[str, tuple[Route, str]] | None, table: str) -> OperatorReport:
     bound = bindings() if bound is None else bound
     nested = nested_route(name, table)
     match = _ENTRY.search(table)
     entry = match.group(0).removeprefix("PrivateUse1: ") if match else ""
     tag = (match.group("tag") or "") if match else ""
-    route, detail = bound.get(name, ("", ""))
-    if route == "blocked":
+    route, detail = bound.get(name, (None, ""))
+    if route == Route.blocked:
         return OperatorReport(name, "blocked", f"blocked: {detail}", entry, nested)
-    if route == "CPU fallback":
-        return OperatorReport(name, "fallback", "CPU fallback (fallback.ops in the yaml)", entry, nested)
-    if route:
-        return OperatorReport(name, "native", f"{route} {detail}", entry, nested)
+    if route == Route.fallback:
+        return OperatorReport(name, "fallback", "fallback (fallback.ops in the yaml)", entry, nested)
+    if route is not None:
+        return OperatorReport(name, "native", f"{route.name} {detail}", entry, nested)
     if tag == "kernel":
         return OperatorReport(name, "native", "a PrivateUse1 kernel registered outside backend_functions.yaml", entry, nested)
     if tag in _COMPOSITE_TAGS:
@@ -106,8 +111,8 @@ def _classify(name: str, bound: dict[str, tuple[str, str]] | None, table: str) -
         )
     if tag == "backend fallback":
         if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
-            return OperatorReport(name, "fallback", "CPU fallback", entry, nested)
-        return OperatorReport(name, "unsupported", "CPU fallback, but the operator has no CPU kernel", entry, nested)
+            return OperatorReport(name, "fallback", "fallback", entry, nested)
+        return OperatorReport(name, "unsupported", "fallback, but the operator has no CPU kernel", entry, nested)
     return OperatorReport(name, "unsupported", "no PrivateUse1 kernel and no fallback", entry, nested)
 
 
@@ -129,7 +134,7 @@ def report() -> dict[str, Any]:
     routes: dict[str, int] = {}
     for r in aten:
         if r.category == "native":
-            route = bound.get(r.name, ("other", ""))[0]
+            route = bound[r.name][0].name if r.name in bound else "registered outside the yaml"
             routes[route] = routes.get(route, 0) + 1
     return {
         "torch_openreg": _version(),
@@ -147,7 +152,10 @@ def report() -> dict[str, Any]:
         "nested_counts": {route: sum(1 for r in aten if r.nested == route) for route in NESTED_ROUTES},
         "native_by_route": dict(sorted(routes.items())),
         "custom_operators": operators("openreg"),
-        "stubs": sorted(n for n, (route, _) in bound.items() if route == "stub kernel"),
+        "stubs": {
+            route.name: sorted(n for n, (r, _) in bound.items() if r == route)
+            for route in (Route.stub_kernel, Route.stub_cpu_kernel)
+        },
     }
 
 
@@ -202,7 +210,7 @@ def _print_report(r: dict[str, Any]) -> None:
     for route in NESTED_ROUTES:
         print(f"  {route:<16}{r['nested_counts'][route]:>6}")
     print(f"custom operators: {len(r['custom_operators'])} ({', '.join(r['custom_operators'])})")
-    print(f"stubs with openreg kernels: {len(r['stubs'])}")
+    print(f"stubs: {', '.join(f'{len(names)} {route}' for route, names in r['stubs'].items())}")
 
 
 def _print_operator(entries: list[dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "OpenRegHostCall.h"
+#include "OpenRegRoutes.h"
 #include "OpenRegTrace.h"
 
 namespace openreg {
@@ -71,10 +72,10 @@ class FallbackCall {
         schema_(op.schema()),
         stack_(*stack),
         args_begin_(stack->size() - schema_.arguments().size()),
-        call_(schema_.operator_name(), generated::op_accepts_cpu_tensors(schema_.operator_name())) {}
+        call_(schema_.operator_name(), accepts_cpu_tensors(schema_.operator_name())) {}
 
   void run() {
-    if (generated::op_returns_cpu_tensors(schema_.operator_name())) {
+    if (returns_cpu_tensors(schema_.operator_name())) {
       call_.keep_results_on_cpu();
     }
     const auto& arguments = schema_.arguments();
@@ -215,11 +216,11 @@ void run_on_host(
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
-  const trace::Scope scope(name, trace::Route::Fallback);
+  const trace::Scope scope(name, Route::Fallback);
   run_on_host(
       op, stack, c10::DispatchKey::CPU,
       " has no openreg kernel, and OPENREG_FALLBACK=error forbids running it on the CPU fallback. "
-      "Give it a kernel in backend_functions.yaml (kernels:, structured: or stubs:; see "
+      "Give it a kernel in backend_functions.yaml (kernels:, structured: or cpu_kernels:; see "
       "docs/adding_an_op.md), or allow the fallback with torch.openreg.set_fallback_mode(\"silent\").");
 }
 
@@ -230,7 +231,7 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // way out. (CompositeImplicitAutograd operators never get here: they
   // decompose above this key, on openreg as on CPU.)
   if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU)) {
-    const trace::Scope scope(name, trace::Route::NestedBlocked);
+    const trace::Scope scope(name, Route::NestedBlocked);
     TORCH_CHECK_NOT_IMPLEMENTED(
         false, c10::toString(name),
         " got a nested tensor of the strided layout on openreg, but torch has no kernel for it on nested "
@@ -238,7 +239,7 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         "NestedTensorCPU kernels on the device memory). Use torch.nested's jagged layout "
         "(layout=torch.jagged), or apply the operator to the tensors of nt.unbind().");
   }
-  const trace::Scope scope(name, trace::Route::NestedFallback);
+  const trace::Scope scope(name, Route::NestedFallback);
   run_on_host(
       op, stack, c10::DispatchKey::NestedTensorCPU,
       " got a nested tensor of the strided layout, which openreg runs on the nested CPU fallback only "
@@ -247,16 +248,18 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "jagged layout (layout=torch.jagged), whose operators run on openreg's dense kernels.");
 }
 
-void raise_blocked(const c10::OperatorHandle& op, const char* reason) {
-  const trace::Scope scope(op.operator_name(), trace::Route::Blocked);
+void blocked_kernel(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  const trace::Scope scope(op.operator_name(), Route::Blocked);
+  const char* reason = blocked_reason(op.operator_name());
   TORCH_CHECK_NOT_IMPLEMENTED(
-      false, c10::toString(op.schema().operator_name()), " is blocked on openreg: ", reason,
+      false, c10::toString(op.schema().operator_name()), " is blocked on openreg: ",
+      reason != nullptr ? reason : "it is in the blocklist",
       " (backend_functions.yaml, fallback.blocklist). Run it on CPU tensors instead, or give it an "
       "openreg kernel in backend_functions.yaml.");
 }
 
 void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
-  const trace::Scope scope(op.operator_name(), trace::Route::NestedBlocked);
+  const trace::Scope scope(op.operator_name(), Route::NestedBlocked);
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, c10::toString(op.schema().operator_name()),
       " got a nested tensor of the strided layout on openreg, and backend_functions.yaml turns the nested "

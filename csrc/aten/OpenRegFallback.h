@@ -8,8 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "OpenRegTrace.h"
-
 namespace openreg {
 
 // Boxed kernel: runs the operator's CPU kernel directly on host aliases of the
@@ -30,8 +28,8 @@ std::vector<std::pair<std::string, int64_t>> fallback_stats();
 void reset_fallback_stats();
 
 // Boxed kernel for operators in the yaml blocklist: raises NotImplementedError
-// with the reason the yaml gives.
-[[noreturn]] void raise_blocked(const c10::OperatorHandle& op, const char* reason);
+// with the reason the yaml gives (blocked_reason, OpenRegRoutes.h).
+[[noreturn]] void blocked_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The nested counterpart of cpu_fallback, for every operator on a nested
 // openreg tensor of the strided layout (the NestedTensorPrivateUse1 key): each
@@ -46,32 +44,5 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // The boxed kernel for the NestedTensorPrivateUse1 key when the yaml turns the
 // nested fallback off (fallback.nested: false): raises.
 [[noreturn]] void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
-namespace generated {
-// Defined by the generated RegisterFallback.cpp from backend_functions.yaml
-// (fallback.cpu_tensor_args): operators that, as on CUDA, accept CPU tensors
-// of any shape beside device tensors (e.g. CPU indices for indexing).
-bool op_accepts_cpu_tensors(const c10::OperatorName& name);
-
-// Defined there too (fallback.cpu_results): operators whose fresh results
-// torch keeps on the CPU for every device, as the metadata of nested tensors
-// (aten::_nested_tensor_size).
-bool op_returns_cpu_tensors(const c10::OperatorName& name);
-
-// Whether the yaml turns on the CPU fallback for every operator (fallback.global).
-bool global_fallback();
-
-// Whether operators on nested tensors of the strided layout run on
-// nested_fallback (fallback.nested) rather than refuse_nested.
-bool nested_fallback_enabled();
-
-// What the yaml binds: one row per operator or stub it names.
-struct Binding {
-  const char* name; // "aten::add.out", "openreg::add_relu", "at::native::add_stub"
-  trace::Route route;
-  const char* detail; // the serving function, or a blocked operator's reason
-};
-const std::vector<Binding>& bindings();
-} // namespace generated
 
 } // namespace openreg

@@ -27,7 +27,7 @@ void print(const Call& call) {
   // indented by torch's own nesting counter so that, on a debug build of
   // torch, these lines nest among the dispatcher's.
   std::string line(static_cast<size_t>(c10::dispatch_trace_nesting_value()), ' ');
-  line += call.route == Route::Stub ? "[stub]" : "[call]";
+  line += call.route == Route::StubKernel || call.route == Route::StubCpuKernel ? "[stub]" : "[call]";
   line += " op=[" + call_name(call) + "], key=[" + route_key(call.route) + "] -> ";
   line += route_name(call.route);
   if (call.kernel != nullptr) {
@@ -39,29 +39,6 @@ void print(const Call& call) {
 }
 
 } // namespace
-
-const char* route_name(Route route) {
-  switch (route) {
-    case Route::Kernel:
-      return "kernel";
-    case Route::Structured:
-      return "structured kernel";
-    case Route::CpuKernel:
-      return "CPU kernel on device memory";
-    case Route::Stub:
-      return "stub kernel";
-    case Route::CustomOp:
-      return "custom op";
-    case Route::Fallback:
-      return "CPU fallback";
-    case Route::Blocked:
-    case Route::NestedBlocked:
-      return "blocked";
-    case Route::NestedFallback:
-      return "nested CPU fallback";
-  }
-  return "?";
-}
 
 const char* route_key(Route route) {
   return route == Route::NestedFallback || route == Route::NestedBlocked ? "NestedTensorPrivateUse1" : "PrivateUse1";

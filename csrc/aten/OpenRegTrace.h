@@ -1,7 +1,6 @@
-// One instrumentation point for every call the openreg backend serves. The
-// generated wrappers (plain and structured), the stub kernels, the custom
-// operators, the CPU fallback and blocked operators each open a Scope, which
-// serves two observers:
+// One instrumentation point for every call the openreg backend serves. Every
+// route (OpenRegRoutes.h) opens a Scope: the generated wrappers, the stub
+// kernels, the fallbacks and blocked operators. A Scope serves two observers:
 // - the dispatch trace (TORCH_SHOW_DISPATCH_TRACE=1, or
 //   torch.openreg.set_dispatch_trace): one line per call in PyTorch's own
 //   trace format, followed by how openreg served it, indented by nesting;
@@ -17,27 +16,13 @@
 #include <ATen/core/operator_name.h>
 #include <c10/macros/Macros.h>
 
-namespace openreg::trace {
+#include "OpenRegRoutes.h"
 
-// How openreg served a call.
-enum class Route : uint8_t {
-  Kernel, // a hand-written kernel behind a generated wrapper
-  Structured, // a generated structured wrapper: meta(), then impl()
-  CpuKernel, // a generated wrapper running the operator's CPU kernel on device memory
-  Stub, // a DispatchStub kernel, reached from an impl()
-  CustomOp, // an operator of the openreg library
-  Fallback, // the CPU fallback
-  Blocked, // an operator in the yaml blocklist
-  // On nested tensors of the strided layout (the NestedTensorPrivateUse1 key):
-  NestedFallback, // the nested CPU fallback: the NestedTensorCPU kernel on host aliases
-  NestedBlocked, // an operator without a nested kernel, or nested tensors refused
-};
+namespace openreg::trace {
 
 // The dispatch key a call of this route was served under, as the dispatch
 // trace names it ("PrivateUse1", "NestedTensorPrivateUse1").
 const char* route_key(Route route);
-
-const char* route_name(Route route);
 
 // Observer bits.
 inline constexpr uint32_t kPrint = 1;
@@ -73,9 +58,10 @@ std::string call_name(const Call& call);
 using ProfilerHook = void (*)(Call& call, bool begin);
 void set_profiler_hook(ProfilerHook hook);
 
-// A stub and its kernel, for TracedStub.
+// A stub, its route (StubKernel or StubCpuKernel) and its kernel, for TracedStub.
 struct Site {
   const char* stub;
+  Route route;
   const char* kernel;
 };
 
@@ -130,7 +116,7 @@ template <typename R, typename... Args>
 struct TracedStub<R (*)(Args...)> {
   template <const Site* site, R (*kernel)(Args...)>
   static R run(Args... args) {
-    const Scope scope(site->stub, Route::Stub, site->kernel);
+    const Scope scope(site->stub, site->route, site->kernel);
     return kernel(std::forward<Args>(args)...);
   }
 };

@@ -49,7 +49,7 @@ void on_call(trace::Call& call, bool begin) noexcept {
     a.end_ns = orActivityGetTimestamp();
     a.start_ns = call.device_start_ns;
     a.name = trace::call_name(call);
-    a.route = trace::route_name(call.route);
+    a.route = route_name(call.route);
     a.device = call.device;
     // Kernels run in the launching thread once its current stream of the
     // device is idle (join_current_stream): they belong to that stream.

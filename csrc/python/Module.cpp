@@ -22,6 +22,7 @@
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
@@ -99,10 +100,10 @@ std::string fallback_mode() {
 }
 
 // (name, route, detail) for each operator and stub backend_functions.yaml binds.
-std::vector<std::tuple<std::string, std::string, std::string>> bindings() {
-  std::vector<std::tuple<std::string, std::string, std::string>> rows;
-  for (const openreg::generated::Binding& b : openreg::generated::bindings()) {
-    rows.emplace_back(b.name, openreg::trace::route_name(b.route), b.detail);
+std::vector<std::tuple<std::string, openreg::Route, std::string>> bindings() {
+  std::vector<std::tuple<std::string, openreg::Route, std::string>> rows;
+  for (const openreg::Binding& b : openreg::route_table().bindings) {
+    rows.emplace_back(b.name, b.route, b.detail);
   }
   return rows;
 }
@@ -221,9 +222,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_fallback_stats", &openreg::reset_fallback_stats);
   m.def("_set_dispatch_trace", [](bool on) { openreg::trace::set_observer(openreg::trace::kPrint, on); });
   m.def("_is_dispatch_trace_enabled", [] { return openreg::trace::observed(openreg::trace::kPrint); });
+  // torch_openreg._C.Route, its members named as in the yaml (Route.structured_impl).
+  py::enum_<openreg::Route> route(m, "Route");
+  for (int i = 0; i < openreg::kRouteCount; ++i) {
+    const auto r = static_cast<openreg::Route>(i);
+    route.value(openreg::route_name(r), r);
+  }
   m.def("_bindings", &bindings);
-  m.def("_global_fallback", &openreg::generated::global_fallback);
-  m.def("_nested_fallback", &openreg::generated::nested_fallback_enabled);
+  m.def("_global_fallback", [] { return openreg::route_table().global_fallback; });
+  m.def("_nested_fallback", [] { return openreg::route_table().nested_fallback; });
   m.def("_profiler_is_recording", &openreg::profiler::is_recording,
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,

@@ -10,8 +10,9 @@ import pytest
 
 from codegen.cli import main, run
 from codegen.emit import generate
+from codegen.emit.routes import bindings
 from codegen.load import load, load_text
-from codegen.model import YamlError
+from codegen.model import Route, YamlError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -29,14 +30,14 @@ def test_fixture_generates_golden_files():
 
 
 def test_project_yaml_binds_every_required_operator():
-    bound = load(os.path.join(ROOT, "backend_functions.yaml")).binding_of()
+    bound = {b.name: b for b in bindings(load(os.path.join(ROOT, "backend_functions.yaml")))}
     required = [
         "empty.memory_format", "empty_strided", "as_strided", "view", "_reshape_alias", "resize_",
         "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "set_.source_Tensor",
         "set_.source_Storage", "set_.source_Storage_storage_offset",
     ]
     for op in required:
-        assert bound.get(op, "").startswith("wrapper ->"), op
+        assert bound[f"aten::{op}"].route is Route.kernel, op
 
 
 def test_second_run_rewrites_nothing(tmp_path):
@@ -53,23 +54,38 @@ def test_dry_run_writes_nothing(tmp_path):
     assert not out.exists()
 
 
-def test_list_shows_each_binding(capsys):
+def test_list_shows_each_binding_with_its_route(capsys):
     assert main(["--source-yaml", FIXTURE, "--list"]) == 0
-    text = capsys.readouterr().out
-    assert "view" in text and "wrapper -> demo::native::view_symint" in text
-    assert "mm" in text and "fallback (per operator)" in text
-    assert 'blocked: no "pinned" memory here' in text
-    assert "(every other operator: no kernel)" in text
-    assert "(every operator on a nested tensor of the strided layout: refused, NotImplementedError)" in text
-    assert "structured (at::native::structured_neg_out, inplace)" in text
-    assert "max.dim" in text and "structured (at::native::structured_max_out, functional)" in text
-    assert "bmm.out" in text and "structured (demo::native::bmm_out, out)" in text
-    assert "structured (at::native::structured_softmax_cpu_out on host aliases, functional)" in text
-    assert "stub at::native::fill_stub" in text and "stub -> demo::native::fill_kernel" in text
-    assert "stub at::native::add_stub" in text and "stub -> torch's CPU kernel on device memory" in text
-    assert "openreg::scale" in text and "custom -> demo::native::scale (meta scale_meta, backward openreg::scale_backward)" in text
-    assert "openreg::norm2" in text and "no derivative" in text
-    assert "cat" in text and "cpu kernel -> torch's CPU kernel on device memory" in text
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        if not line.startswith("("):
+            name, route, *detail = line.split(maxsplit=2)
+            rows[name] = (route, detail[0] if detail else "")
+    assert rows["aten::view"] == ("kernel", "demo::native::view_symint")
+    assert rows["aten::mm"] == ("fallback", "")
+    assert rows["aten::_pin_memory"] == ("blocked", 'no "pinned" memory here')
+    assert rows["aten::neg_"] == ("structured", "at::native::structured_neg_out")
+    assert rows["aten::max.dim"] == ("structured", "at::native::structured_max_out")
+    assert rows["aten::bmm.out"] == ("structured_impl", "demo::native::bmm_out")
+    assert rows["aten::_softmax"] == ("structured_on_cpu_aliases", "at::native::structured_softmax_cpu_out")
+    assert rows["at::native::fill_stub"] == ("stub_kernel", "demo::native::fill_kernel")
+    assert rows["at::native::add_stub"] == ("stub_cpu_kernel", "demo::native::CpuKernelOf<&add_stub>::run")
+    assert rows["openreg::scale"] == ("custom_op", "demo::native::scale")
+    assert rows["aten::cat"] == ("cpu_kernel", "at::cpu::cat")
+    # Every route the fixture can name appears, in the one vocabulary.
+    assert {route for route, _ in rows.values()} == {r.value for r in Route} - {"nested_fallback", "nested_blocked"}
+
+
+def test_every_stub_that_takes_an_iterator_gets_cpus_kernel():
+    """stubs.cpu_kernels: derived from torch's headers and libtorch_cpu's
+    symbols, not listed in the yaml."""
+    cfg = load(FIXTURE)
+    cpu = {st.decl.name for st in cfg.stubs if st.route is Route.stub_cpu_kernel}
+    assert {"add_stub", "exp_stub", "renorm_scale_factor_stub"} <= cpu
+    assert "neg_stub" not in cpu  # the yaml names an openreg kernel for it
+    assert "normal_stub" not in cpu and "max_stub" not in cpu  # tensors, not an iterator
+    assert "random_stub" not in cpu  # takes a Generator: CPU's kernel would use CPU's generator
+    assert "min_elementwise_stub" not in cpu  # declared, but libtorch_cpu has no CPU kernel for it
 
 
 def write(tmp_path, text: str) -> str:
@@ -120,12 +136,18 @@ ERROR_CASES = [
     ("cpp_namespace: n\nstructured:\n  - op: abs\n", 3, "No operator named abs is structured"),
     ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    kernel: k\n", 4, "unknown key 'kernel' in a structured entry"),
     ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    impl: 3\n", 4, "'impl' in a structured entry must be a string"),
-    ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    host_impl: yes please\n", 4,
-     "'host_impl' in a structured entry must be true or false"),
-    ("cpp_namespace: n\nstructured:\n  - op: bmm.out\n    impl: bmm_out\n    host_impl: true\n", 5,
+    ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    on_cpu_aliases: yes please\n", 4,
+     "'on_cpu_aliases' in a structured entry must be true or false"),
+    ("cpp_namespace: n\nstructured:\n  - op: bmm.out\n    impl: bmm_out\n    on_cpu_aliases: true\n", 5,
      "'bmm.out' names an openreg 'impl', which takes device tensors"),
-    ("cpp_namespace: n\nstructured:\n  - op: nll_loss_forward.output\n    host_impl: true\n", 4,
+    ("cpp_namespace: n\nstructured:\n  - op: nll_loss_forward.output\n    on_cpu_aliases: true\n", 4,
      "takes 'weight' of type Tensor?"),
+    ("cpp_namespace: n\nstructured:\n  - op: neg.out\n    host_impl: true\n", 4,
+     "'host_impl' is now 'on_cpu_aliases'"),
+    ("cpp_namespace: n\nstructured:\n  - op: cumsum.out\n", 3,
+     "'cumsum.out': CPU's impl() calls at::native::cumsum_stub (ATen/native/ReduceOps.h)"),
+    ("cpp_namespace: n\nstructured:\n  - op: sort.values_stable\n", 3,
+     "calls at::native::sort_stub"),
     ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
      "'neg' is already bound in kernels at line 3"),
     # cpu_kernels
@@ -138,15 +160,16 @@ ERROR_CASES = [
     ("cpp_namespace: n\ncpu_kernels:\n  - op: mm\nfallback:\n  ops:\n    - op: mm\n", 6,
      "'mm' is already bound in cpu_kernels at line 3"),
     # stubs
-    ("cpp_namespace: n\nstubs:\n  - stub: neg_stb\n    kernel: k\n", 3, "Did you mean 'neg_stub'"),
-    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n", 3, "needs the key 'kernel'"),
-    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: a\n  - stub: neg_stub\n    kernel: b\n", 5,
-     "stub 'neg_stub' already has a kernel at line 3"),
-    ("cpp_namespace: n\nstubs:\n  - stub: [neg_stub]\n    kernel: k\n", 3, "'stub' in a stubs entry must be a string"),
-    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: k\n    cpu_kernel: true\n", 4,
-     "stub 'neg_stub' has both 'kernel' and 'cpu_kernel: true'; keep one"),
-    ("cpp_namespace: n\nstubs:\n  - stub: max_stub\n    cpu_kernel: true\n", 4,
-     "'cpu_kernel: true' needs a stub that takes a TensorIterator first"),
+    ("cpp_namespace: n\nstubs:\n  kernels:\n    - stub: neg_stb\n      kernel: k\n", 4, "Did you mean 'neg_stub'"),
+    ("cpp_namespace: n\nstubs:\n  kernels:\n    - stub: neg_stub\n", 4, "needs the key 'kernel'"),
+    ("cpp_namespace: n\nstubs:\n  kernels:\n    - stub: neg_stub\n      kernel: a\n    - stub: neg_stub\n      kernel: b\n", 6,
+     "stub 'neg_stub' already has a kernel at line 4"),
+    ("cpp_namespace: n\nstubs:\n  kernels:\n    - stub: [neg_stub]\n      kernel: k\n", 4,
+     "'stub' in a stubs.kernels entry must be a string"),
+    ("cpp_namespace: n\nstubs:\n  kernels:\n    - stub: neg_stub\n      cpu_kernel: true\n", 5,
+     "stubs no longer take 'cpu_kernel: true'"),
+    ("cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: k\n", 2, "'stubs' is a mapping"),
+    ("cpp_namespace: n\nstubs:\n  cpu_kernels: sometimes\n", 3, "'cpu_kernels' in stubs must be true or false"),
     # custom operators
     ("cpp_namespace: n\ncustom_ops:\n  - schema: 'f(Tensor self -> Tensor'\n    kernel: k\n    meta: m\n", 3,
      "invalid operator schema"),
@@ -208,8 +231,8 @@ def definition_error(tmp_path, text: str) -> YamlError:
 
 
 def test_stub_kernel_with_other_parameter_types_is_an_error(tmp_path):
-    err = definition_error(tmp_path, "cpp_namespace: n\nstubs:\n  - stub: neg_stub\n    kernel: neg_kernel\n")
-    assert err.loc.line == 3
+    err = definition_error(tmp_path, "cpp_namespace: n\nstubs:\n  kernels:\n    - stub: neg_stub\n      kernel: neg_kernel\n")
+    assert err.loc.line == 4
     assert err.message.startswith(
         "kernel 'neg_kernel' cannot serve 'neg_stub': the stub's type unary_fn (ATen/native/UnaryOps.h) takes "
         "(TensorIteratorBase&) but 'neg_kernel' takes (TensorIterator&)"
@@ -245,7 +268,7 @@ def test_matching_definitions_pass(tmp_path):
     csrc.mkdir()
     (csrc / "kernels.cpp").write_text(KERNELS_CPP)
     path = write(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_impl\nstubs:\n"
-                 "  - stub: add_stub\n    kernel: add_kernel\n")
+                 "  kernels:\n    - stub: add_stub\n      kernel: add_kernel\n")
     cfg = load(path, str(csrc))
     assert [st.decl.qualified_name for st in cfg.stubs] == ["at::native::add_stub"]
 
@@ -275,12 +298,12 @@ def test_nested_fallback_is_registered_for_the_key_and_over_composites(tmp_path)
     cfg = load(path)
     assert cfg.fallback.nested
     assert {"linear", "matmul", "narrow"} <= {str(f.func.name) for f in cfg.fallback.nested_ops}
-    text = generate(cfg)["RegisterFallback.cpp"]
-    assert "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());" in text
-    assert 'm.impl("linear", torch::CppFunction::makeFromBoxedFunction<&openreg::nested_fallback>());' in text
+    text = generate(cfg)["RegisterRoutes.cpp"]
+    assert "TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {\n  m.fallback(torch::CppFunction::makeFromBoxedFunction<&::openreg::nested_fallback>());" in text
+    assert 'm.impl("linear", torch::CppFunction::makeFromBoxedFunction<&::openreg::nested_fallback>());' in text
     assert "refuse_nested" not in text
-    off = generate(load(write(tmp_path, "cpp_namespace: n\nfallback:\n  nested: false\n")))["RegisterFallback.cpp"]
-    assert "&openreg::refuse_nested" in off and "&openreg::nested_fallback" not in off
+    off = generate(load(write(tmp_path, "cpp_namespace: n\nfallback:\n  nested: false\n")))["RegisterRoutes.cpp"]
+    assert "&::openreg::refuse_nested" in off and "&::openreg::nested_fallback" not in off
 
 
 def test_error_cases_cover_every_kind_of_mistake():

@@ -1,4 +1,4 @@
-"""RegisterCustomOps.cpp: the operators declared under `custom_ops`.
+"""RegisterCustomOps.cpp: the operators declared under `custom_ops` (route `custom_op`).
 
 For each operator: its schema in TORCH_LIBRARY(openreg), the PrivateUse1 kernel
 (behind a wrapper with device checks and a device guard), the Meta kernel
@@ -11,9 +11,13 @@ works and backward raises a clear error.
 
 from __future__ import annotations
 
-from codegen.model import DEVICE_HEADER, TRACE_HEADER, BackendConfig, CustomOp, KernelEntry
+from codegen import cpp
+from codegen.emit.kernels import kernel_wrapper
+from codegen.model import BackendConfig, CustomOp, KernelEntry, Route
 from torchgen.api.types import DispatcherSignature
 from torchgen.context import native_function_manager
+
+FILE = "RegisterCustomOps.cpp"
 
 
 def camel(name: str) -> str:
@@ -25,11 +29,11 @@ def kernel_entries(op: CustomOp) -> tuple[KernelEntry, KernelEntry]:
     same declarations and wrappers as the aten kernels."""
     device = KernelEntry(
         func=op.func, kernel=op.kernel, symint=True, device_guard=True, device_check=True,
-        handles_conj_neg=False, autograd=False, loc=op.loc,
+        handles_conj_neg=False, autograd=False, loc=op.loc, route=Route.custom_op,
     )
     meta = KernelEntry(
         func=op.func, kernel=op.meta, symint=True, device_guard=False, device_check=False,
-        handles_conj_neg=False, autograd=False, loc=op.loc,
+        handles_conj_neg=False, autograd=False, loc=op.loc, route=Route.custom_op,
     )
     return device, meta
 
@@ -119,63 +123,40 @@ struct {name} : public torch::autograd::Function<{name}> {{
 }}"""
 
 
-def register_custom_ops(cfg: BackendConfig, banner: str, wrapper) -> str:  # type: ignore[no-untyped-def]
-    """`wrapper(entry, name, trace)` is the aten kernel wrapper emitter of emit.py."""
+def emit(cfg: BackendConfig) -> dict[str, str]:
     if not cfg.custom_ops:
-        return f"{banner}\n// No custom_ops in the yaml.\n"
+        return {FILE: cpp.nothing_to_register(cfg, "custom_ops")}
     ns = cfg.custom_namespace
-    defs, impls, metas, autograd, functions, wrappers = [], [], [], [], [], []
+    definitions, schemas, device, metas, autograd = [], [], [], [], []
     for op in cfg.custom_ops:
         with native_function_manager(op.func):
-            device, meta = kernel_entries(op)
+            device_entry, meta_entry = kernel_entries(op)
             name = str(op.name)
-            wrappers.append(wrapper(device, f"wrapper_PrivateUse1_{op.name.name}", (f"{ns}::{name}", "CustomOp")))
-            wrappers.append(wrapper(meta, f"wrapper_Meta_{op.name.name}", None))
-            defs.append(f'  m.def("{op.func.func}", {{at::Tag::pt2_compliant_tag}});')
-            impls.append(f'  m.impl("{name}", TORCH_FN(wrapper_PrivateUse1_{op.name.name}));')
-            metas.append(f'  m.impl("{name}", TORCH_FN(wrapper_Meta_{op.name.name}));')
+            device_wrapper = cpp.wrapper_name(op.name.name)
+            meta_wrapper = f"wrapper_Meta_{op.name.name}"
+            definitions.append(kernel_wrapper(cfg, device_entry, device_wrapper, f"{ns}::{name}") + "\n\n")
+            definitions.append(kernel_wrapper(cfg, meta_entry, meta_wrapper, None) + "\n\n")
             if op.backward:
-                functions.append(autograd_function(cfg, op))
-                autograd.append(f'  m.impl("{name}", TORCH_FN(autograd_{op.name.name}));')
+                definitions.append(autograd_function(cfg, op) + "\n\n")
+            schemas.append(f'm.def("{op.func.func}", {{at::Tag::pt2_compliant_tag}});')
+            device.append(cpp.impl_line(name, f"TORCH_FN({device_wrapper})"))
+            metas.append(cpp.impl_line(name, f"TORCH_FN({meta_wrapper})"))
+            if op.backward:
+                autograd.append(cpp.impl_line(name, f"TORCH_FN(autograd_{op.name.name})"))
             else:
-                autograd.append(f'  m.impl("{name}", torch::autograd::autogradNotImplementedFallback());')
-    sections = "\n\n".join(wrappers + functions)
-    return f"""{banner}
-#include <ATen/DeviceGuard.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/op_registration/adaption.h>
-#include <c10/core/DeviceGuard.h>
-#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
-#include <torch/csrc/autograd/custom_function.h>
-#include <torch/library.h>
-
-#include "OpenRegNativeFunctions.h"
-#include "{DEVICE_HEADER}"
-#include "{TRACE_HEADER}"
-
-namespace at {{
-namespace {{
-
-{sections}
-
-}} // namespace
-
-TORCH_LIBRARY({ns}, m) {{
-{chr(10).join(defs)}
-}}
-
-TORCH_LIBRARY_IMPL({ns}, PrivateUse1, m) {{
-{chr(10).join(impls)}
-}}
-
-// Shapes and dtypes only: FakeTensor and torch.compile trace with these.
-TORCH_LIBRARY_IMPL({ns}, Meta, m) {{
-{chr(10).join(metas)}
-}}
-
-TORCH_LIBRARY_IMPL({ns}, AutogradPrivateUse1, m) {{
-{chr(10).join(autograd)}
-}}
-
-}} // namespace at
-"""
+                autograd.append(cpp.impl_line(name, "torch::autograd::autogradNotImplementedFallback()"))
+    return {
+        FILE: cpp.render(
+            FILE,
+            cfg,
+            namespace=ns,
+            native_header=cpp.NATIVE_HEADER,
+            device_header=cpp.DEVICE_HEADER,
+            trace_header=cpp.TRACE_HEADER,
+            definitions=definitions,
+            schemas=schemas,
+            device_registrations=device,
+            meta_registrations=metas,
+            autograd_registrations=autograd,
+        )
+    }

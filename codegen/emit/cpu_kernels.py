@@ -1,8 +1,8 @@
 """RegisterCpuKernels.cpp: PrivateUse1 wrappers that run an operator's own CPU
-kernel on the device memory.
+kernel on CPU aliases of the device memory (route `cpu_kernel`).
 
 For each `cpu_kernels` entry the wrapper has the dispatcher's signature and
-drives an ``openreg::HostCall`` (csrc/aten/OpenRegHostCall.h) argument by
+drives a CPU kernel call (cpp.CPU_KERNEL_CALL, csrc/aten) argument by
 argument, as the boxed CPU fallback does at run time, but with every type known
 here: it notes where each operand lives, begins the call (device guard, stream
 order, CPU allocations redirected to device memory), calls the operator's
@@ -12,24 +12,25 @@ allocated.
 
 The CPU kernel is called as the C++ function torch generates for it
 (``at::cpu::sum``, or the composite namespace whose kernel CPU's dispatch table
-holds), not redispatched: the table lookup costs about 20 ns a call. So a CPU
-kernel registered over torch's own (torch.library) is not what openreg runs.
+holds), not redispatched, which would cost a dispatch-table lookup per call. So
+a CPU kernel registered over torch's own (torch.library) is not what openreg runs.
 """
 
 from __future__ import annotations
 
-from codegen.model import TRACE_HEADER, BackendConfig, CpuKernelEntry, aten_registrations, trace_scope, wrapper_name
-from codegen.native import cpu_dispatch_namespace
+from codegen import cpp
+from codegen.model import BackendConfig, CpuKernelEntry
+from codegen.native import cpu_dispatch_namespace, cpu_function
 from torchgen.api.translate import translate
-from torchgen.api.types import CppSignature, CppSignatureGroup, DispatcherSignature, Expr
+from torchgen.api.types import DispatcherSignature, Expr
 from torchgen.context import native_function_manager
-from torchgen.model import Argument, BaseTy, BaseType, ListType, NativeFunction, OptionalType, Type
+from torchgen.model import Argument, BaseTy, BaseType, ListType, OptionalType, Type
 
-HOST_CALL_HEADER = "aten/OpenRegHostCall.h"
+FILE = "RegisterCpuKernels.cpp"
 
 
 def _kind(t: Type) -> str:
-    """How HostCall treats an argument of type `t`: "tensor", "tensors",
+    """How the CPU kernel call treats an argument of type `t`: "tensor", "tensors",
     "generator", "device", or "" (passed unchanged)."""
     base = t.elem if isinstance(t, OptionalType) else t
     if isinstance(base, BaseType):
@@ -66,21 +67,6 @@ def _host_expr(a: Argument) -> str:
     if kind == "device":
         return f"call.device({a.name})" if isinstance(a.type, OptionalType) else f"*call.device({a.name})"
     return f"call.host({a.name})"
-
-
-def cpu_function(f: NativeFunction) -> tuple[str, CppSignature]:
-    """(namespace, signature) of the C++ function that is CPU's kernel of
-    ``f``: ``at::cpu::sum_outf``. The faithful (schema-ordered) and SymInt
-    variant, so the dispatcher's arguments pass through unchanged."""
-    with native_function_manager(f):
-        group = CppSignatureGroup.from_native_function(f, method=False, fallback_binding=f.manual_cpp_binding)
-    sig = max(group.signatures(symint=True), key=lambda s: (s.symint, s.faithful))
-    return f"at::{cpu_dispatch_namespace(f)}", sig
-
-
-def cpu_function_name(f: NativeFunction) -> str:
-    namespace, sig = cpu_function(f)
-    return f"{namespace}::{sig.name()}"
 
 
 def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
@@ -125,8 +111,8 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         accepts = "true" if entry.accepts_cpu_tensors else "false"
         kernel = f"{namespace}::{cpu_sig.name()}"
         body = [
-            f"  {trace_scope(op, 'CpuKernel', kernel)}",
-            f'  openreg::HostCall call("{op}", /*accepts_cpu_tensors=*/{accepts});',
+            f"  {cpp.trace_scope(op, entry.route, kernel)}",
+            f'  {cpp.CPU_KERNEL_CALL} call("{op}", /*accepts_cpu_tensors=*/{accepts});',
             *notes,
             "  call.begin();",
             *written,
@@ -135,31 +121,24 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         ]
         if ret:
             body.append(ret)
-        return f"// {f.func}\n{sig.defn(name=wrapper_name(entry.name))} {{\n" + "\n".join(body) + "\n}"
+        return f"// {f.func}\n{sig.defn(name=cpp.wrapper_name(entry.name))} {{\n" + "\n".join(body) + "\n}\n\n"
 
 
-def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
+def emit(cfg: BackendConfig) -> dict[str, str]:
+    if not cfg.cpu_kernels:
+        return {FILE: cpp.nothing_to_register(cfg, "cpu_kernels")}
     entries = cfg.cpu_kernels
-    if not entries:
-        body = "// No cpu_kernels in the yaml.\n"
-        return f"{banner}\n{body}"
-    headers = "".join(
-        f"#include <ATen/ops/{root}_{namespace}_dispatch.h>\n"
-        for root, namespace in sorted({(e.func.root_name, cpu_dispatch_namespace(e.func)) for e in entries})
-    )
-    wrappers = "\n\n".join(cpu_kernel_wrapper(e) for e in entries)
-    impls = "\n".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in entries)
-    return f"""{banner}
-// Operators whose own CPU kernel runs on the device memory (cpu_kernels in the
-// yaml): see csrc/aten/OpenRegHostCall.h.
-#include <tuple>
-
-#include <torch/library.h>
-
-{headers}
-#include "{HOST_CALL_HEADER}"
-#include "{TRACE_HEADER}"
-
-{aten_registrations(wrappers, impls)}
-}} // namespace at
-"""
+    return {
+        FILE: cpp.render(
+            FILE,
+            cfg,
+            call_header=cpp.CPU_KERNEL_CALL_HEADER,
+            trace_header=cpp.TRACE_HEADER,
+            cpu_function_headers=cpp.includes(
+                {f"ATen/ops/{e.func.root_name}_{cpu_dispatch_namespace(e.func)}_dispatch.h" for e in entries},
+                system=True,
+            ),
+            wrappers=[cpu_kernel_wrapper(e) for e in entries],
+            registrations=[cpp.impl_line(e.name, f"TORCH_FN({cpp.wrapper_name(e.name)})") for e in entries],
+        )
+    }

@@ -1,0 +1,177 @@
+"""RegisterStructured_*.cpp: PrivateUse1 wrappers for structured groups.
+
+torchgen's StructuredRegisterDispatchKey writes these for in-tree keys only
+(external backends get "Structured external backend functions are not
+implemented yet"), so this emitter writes them the same way for PrivateUse1:
+a wrapper per functional / in-place / out= operator runs meta() on an object of
+`openreg::structured::FunctionalOp`, `OutOp` or `InplaceOp` (csrc/aten/
+OpenRegStructured.h), class templates over the structured class whose meta()
+runs. meta() checks the arguments and asks for the outputs, which the object
+allocates on the openreg device or resizes / checks / proxies; impl() then
+computes them, as the entry's Route says:
+
+- structured: CPU's impl() on the device tensors; its DispatchStubs reach the
+  kernels of RegisterStubs.cpp. Between meta() and impl(),
+  `prepare_structured_impl(op)` hands an iterator kernel addresses, for CPU
+  impls that call their CPU kernel directly instead of through a stub;
+- structured_impl: an openreg function with impl()'s parameters;
+- structured_on_cpu_aliases: CPU's impl() on CPU aliases of the tensors, for
+  impls that call their CPU kernel with kCPU or a stub that takes tensors.
+
+Argument lists come from torchgen (`structured.meta_arguments`,
+`structured.impl_arguments`, `translate`), so precomputed arguments and
+SymInt conversions follow the schemas of the installed torch.
+"""
+
+from __future__ import annotations
+
+from codegen import cpp
+from codegen.model import BackendConfig, Route, StructuredEntry
+from torchgen.api import structured
+from torchgen.api.translate import translate
+from torchgen.api.types import (
+    BaseCType,
+    Binding,
+    ConstRefCType,
+    Expr,
+    MutRefCType,
+    NamedCType,
+    NativeSignature,
+    tensorT,
+)
+from torchgen.context import native_function_manager
+from torchgen.model import NativeFunction, SchemaKind
+
+# RegisterStructured_{i}.cpp: several translation units, so that a build
+# compiles them in parallel and a change to the yaml recompiles only some.
+SHARDS = 4
+TEMPLATE = "RegisterStructured.cpp"
+
+
+def shard_name(i: int) -> str:
+    return f"RegisterStructured_{i}.cpp"
+
+
+def op_class(entry: StructuredEntry, f: NativeFunction) -> str:
+    """The openreg::structured class template the wrapper of `f` instantiates."""
+    kind = f.func.kind()
+    returns = len(f.func.returns)
+    parent_sets_output = "true" if entry.group.out.structured_inherits is not None else "false"
+    ns = cpp.STRUCTURED_NAMESPACE
+    if kind is SchemaKind.functional:
+        return f"{ns}::FunctionalOp<{entry.parent_class}, {returns}, {parent_sets_output}>"
+    if kind is SchemaKind.inplace:
+        return f"{ns}::InplaceOp<{entry.parent_class}, {parent_sets_output}>"
+    return f"{ns}::OutOp<{entry.parent_class}, {returns}, {parent_sets_output}>"
+
+
+def impl_declaration(entry: StructuredEntry) -> str:
+    """An openreg impl() function: the parameters of the group's impl()."""
+    with native_function_manager(entry.group.out):
+        params = ", ".join(a.decl() for a in structured.impl_arguments(entry.group))
+    return f"void {entry.impl}({params})"
+
+
+def wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
+    g = entry.group
+    kind = f.func.kind()
+    # The in-tree structured kernels take int, not SymInt; the dispatcher
+    # converts when it calls a non-SymInt kernel.
+    sig = NativeSignature(f.func, symint=False)
+    context: list[Binding | Expr] = list(sig.arguments())
+    body = [cpp.trace_scope(f"aten::{f.func.name}", entry.route, entry.serving(namespace))]
+    if entry.route is Route.structured_on_cpu_aliases:
+        # CPU aliases are made of openreg tensors only: every tensor must be
+        # on one device first (meta() and impl() do not check that).
+        body += cpp.common_device_checks(
+            str(f.func.name), [a.name for a in f.func.arguments.flat_all if a.type.is_tensor_like()]
+        )
+    outputs = {SchemaKind.functional: "", SchemaKind.inplace: "(self)"}.get(
+        kind, f"({', '.join(a.name for a in f.func.arguments.out)})"
+    )
+    body.append(f"{op_class(entry, f)} op{outputs};")
+
+    meta_exprs = ", ".join(e.expr for e in translate(context, structured.meta_arguments(g), method=False))
+    if g.out.precomputed:
+        # meta() returns the precomputed values impl() takes in place of
+        # (or after) some arguments.
+        body.append(f"auto precompute = op.meta({meta_exprs});")
+        for elems in [*g.out.precomputed.replace.values(), g.out.precomputed.add]:
+            context.extend(
+                Expr(expr=f"precompute.{a.name}", type=structured.argument_type(a, binds=a.name)) for a in elems
+            )
+        body.append("(void)precompute;")
+    else:
+        body.append(f"op.meta({meta_exprs});")
+
+    for i, out_arg in enumerate(structured.out_arguments(g)):
+        assert out_arg.nctype.type == ConstRefCType(BaseCType(tensorT))
+        expr = f"op.maybe_get_output({i})" if kind is SchemaKind.out else f"op.outputs_[{i}]"
+        context.append(Expr(expr=expr, type=NamedCType(out_arg.nctype.name, MutRefCType(BaseCType(tensorT)))))
+    impl_args = structured.impl_arguments(g)
+    impl_exprs = [e.expr for e in translate(context, impl_args, method=False)]
+    if entry.route is Route.structured_on_cpu_aliases:
+        # An impl that also runs the iterator meta() built (gelu's ATen
+        # kernel) finds it on kernel addresses.
+        tensors = [i for i, a in enumerate(impl_args) if a.nctype.type == ConstRefCType(BaseCType(tensorT))]
+        body.append(f"::{namespace}::{cpp.STRUCTURED_PREPARE}(op);")
+        body.append(f"::{namespace}::{cpp.CPU_ALIAS_OPERANDS}<{len(tensors)}> aliases({impl_exprs[tensors[-1]]});")
+        for i in tensors:
+            impl_exprs[i] = f"aliases({impl_exprs[i]})"
+        body.append(f"op.impl({', '.join(impl_exprs)});")
+        body.append(f'aliases.check_kept("aten::{f.func.name}");')
+    elif entry.route is Route.structured_impl:
+        body.append(f"::{namespace}::{entry.impl}({', '.join(impl_exprs)});")
+    else:
+        body.append(f"::{namespace}::{cpp.STRUCTURED_PREPARE}(op);")
+        body.append(f"op.impl({', '.join(impl_exprs)});")
+
+    returns = len(f.func.returns)
+    if kind is SchemaKind.functional:
+        moved = [f"std::move(op.outputs_[{i}])" for i in range(returns)]
+        ret = moved[0] if returns == 1 else f"std::make_tuple({', '.join(moved)})"
+    else:
+        body.append("op.copy_back();")
+        if kind is SchemaKind.inplace:
+            ret = "self"
+        else:
+            outs = [a.name for a in f.func.arguments.out]
+            ret = outs[0] if returns == 1 else f"std::forward_as_tuple({', '.join(outs)})"
+    body.append(f"return {ret};")
+    lines = "\n".join("  " + line for line in "\n".join(body).splitlines())
+    return f"// {f.func}\n{sig.defn(name=cpp.wrapper_name(f.func.name))} {{\n{lines}\n}}\n\n"
+
+
+def shard(cfg: BackendConfig, entries: list[StructuredEntry]) -> str:
+    if not entries:
+        return cpp.nothing_to_register(cfg, "structured groups for this shard")
+    wrappers, registrations, torch_headers = [], [], set()
+    openreg_headers = {cpp.DEVICE_HEADER, cpp.STRUCTURED_HEADER, cpp.TRACE_HEADER}
+    for entry in entries:
+        torch_headers.add(f"ATen/ops/{entry.group.root_name}_{'meta' if entry.impl is not None else 'native'}.h")
+        if entry.route is Route.structured_impl:
+            openreg_headers.add(cpp.NATIVE_HEADER)
+        else:
+            openreg_headers.add(cpp.CPU_ITERATOR_HEADER)
+        if entry.route is Route.structured_on_cpu_aliases:
+            torch_headers.add("ATen/core/op_registration/adaption.h")  # check_and_update_common_device
+        for f in entry.functions():  # the loader admits no group with a mutable variant
+            with native_function_manager(f):
+                wrappers.append(wrapper(entry, f, cfg.cpp_namespace))
+                registrations.append(cpp.impl_line(f.func.name, f"TORCH_FN({cpp.wrapper_name(f.func.name)})"))
+    return cpp.render(
+        TEMPLATE,
+        cfg,
+        structured_header=cpp.STRUCTURED_HEADER,
+        torch_headers=cpp.includes(torch_headers, system=True),
+        openreg_headers=cpp.includes(openreg_headers, system=False),
+        wrappers=wrappers,
+        registrations=registrations,
+    )
+
+
+def emit(cfg: BackendConfig) -> dict[str, str]:
+    """Each structured group goes to one shard, in yaml order."""
+    entries = list(cfg.structured)
+    n = len(entries)
+    return {shard_name(i): shard(cfg, entries[i * n // SHARDS : (i + 1) * n // SHARDS]) for i in range(SHARDS)}
