@@ -2,11 +2,11 @@
 kernel on the device memory.
 
 For each `cpu_kernels` entry the wrapper has the dispatcher's signature and
-drives an ``openreg::HostCall`` (csrc/aten/OpenRegHostCall.h) argument by
+drives an ``openreg::CpuKernelCall`` (csrc/aten/OpenRegCpuKernelCall.h) argument by
 argument, as the boxed CPU fallback does at run time, but with every type known
 here: it notes where each operand lives, begins the call (device guard, stream
 order, CPU allocations redirected to device memory), calls the operator's
-CPU kernel with host aliases of the operands, and returns written operands as
+CPU kernel with CPU aliases of the operands, and returns written operands as
 themselves and fresh results as openreg tensors over the memory the CPU kernel
 allocated.
 
@@ -25,11 +25,11 @@ from torchgen.api.types import CppSignature, CppSignatureGroup, DispatcherSignat
 from torchgen.context import native_function_manager
 from torchgen.model import Argument, BaseTy, BaseType, ListType, NativeFunction, OptionalType, Type
 
-HOST_CALL_HEADER = "aten/OpenRegHostCall.h"
+HOST_CALL_HEADER = "aten/OpenRegCpuKernelCall.h"
 
 
 def _kind(t: Type) -> str:
-    """How HostCall treats an argument of type `t`: "tensor", "tensors",
+    """How CpuKernelCall treats an argument of type `t`: "tensor", "tensors",
     "generator", "device", or "" (passed unchanged)."""
     base = t.elem if isinstance(t, OptionalType) else t
     if isinstance(base, BaseType):
@@ -60,12 +60,12 @@ def _host_expr(a: Argument) -> str:
     if not kind:
         return a.name
     if kind == "tensor" and a.is_write:
-        return f"{a.name}_host"  # a local: the CPU function takes a Tensor&
+        return f"{a.name}_alias"  # a local: the CPU function takes a Tensor&
     if kind == "generator":
         return f"call.generator({a.name})" if isinstance(a.type, OptionalType) else f"*call.generator({a.name})"
     if kind == "device":
         return f"call.device({a.name})" if isinstance(a.type, OptionalType) else f"*call.device({a.name})"
-    return f"call.host({a.name})"
+    return f"call.alias({a.name})"
 
 
 def cpu_function(f: NativeFunction) -> tuple[str, CppSignature]:
@@ -117,7 +117,7 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         sig = DispatcherSignature.from_schema(f.func)
         arguments = [b.argument for b in sig.arguments()]
         notes = [n for n in (_note(a) for a in arguments if isinstance(a, Argument)) if n is not None]
-        written = [f"  at::Tensor {a.name}_host = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
+        written = [f"  at::Tensor {a.name}_alias = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
         namespace, cpu_sig = cpu_function(f)
         host = [Expr(_host_expr(b.argument), b.nctype) for b in sig.arguments() if isinstance(b.argument, Argument)]
         exprs = ", ".join(e.expr for e in translate(host, cpu_sig.arguments(), method=False))
@@ -126,7 +126,7 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         kernel = f"{namespace}::{cpu_sig.name()}"
         body = [
             f"  {trace_scope(op, 'CpuKernel', kernel)}",
-            f'  openreg::HostCall call("{op}", /*accepts_cpu_tensors=*/{accepts});',
+            f'  openreg::CpuKernelCall call("{op}", /*accepts_cpu_tensors=*/{accepts});',
             *notes,
             "  call.begin();",
             *written,
@@ -151,7 +151,7 @@ def register_cpu_kernels(cfg: BackendConfig, banner: str) -> str:
     impls = "\n".join(f'  m.impl("{e.name}", TORCH_FN({wrapper_name(e.name)}));' for e in entries)
     return f"""{banner}
 // Operators whose own CPU kernel runs on the device memory (cpu_kernels in the
-// yaml): see csrc/aten/OpenRegHostCall.h.
+// yaml): see csrc/aten/OpenRegCpuKernelCall.h.
 #include <tuple>
 
 #include <torch/library.h>

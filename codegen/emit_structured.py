@@ -165,16 +165,16 @@ def gen_wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> st
     impl_args = structured.impl_arguments(g)
     impl_exprs = [e.expr for e in translate(context, impl_args, method=False)]
     if entry.host_impl:
-        # CPU's impl() on host aliases of the tensors (HostImplOperands,
-        # CpuStub.h); an impl that also runs the iterator meta() built (gelu's
+        # CPU's impl() on CPU aliases of the tensors (CpuImplOperands,
+        # OpenRegStructured.h); an impl that also runs the iterator meta() built (gelu's
         # ATen kernel) finds it on kernel addresses.
         tensors = [i for i, a in enumerate(impl_args) if a.nctype.type == ConstRefCType(BaseCType(tensorT))]
         body.append(f"::{namespace}::{STRUCTURED_PREPARE}(op);")
-        body.append(f"::{namespace}::HostImplOperands<{len(tensors)}> host({impl_exprs[tensors[-1]]});")
+        body.append(f"{STRUCTURED_NAMESPACE}::CpuImplOperands<{len(tensors)}> aliases({impl_exprs[tensors[-1]]});")
         for i in tensors:
-            impl_exprs[i] = f"host({impl_exprs[i]})"
+            impl_exprs[i] = f"aliases({impl_exprs[i]})"
         body.append(f"op.impl({', '.join(impl_exprs)});")
-        body.append(f'host.check_kept("aten::{f.func.name}");')
+        body.append(f'aliases.check_kept("aten::{f.func.name}");')
     elif entry.impl is not None:
         body.append(f"::{namespace}::{entry.impl}({', '.join(impl_exprs)});")
     else:

@@ -17,7 +17,7 @@ from torchgen.model import BackendMetadata, NativeFunction, NativeFunctionsGroup
 NATIVE_HEADER = "OpenRegNativeFunctions.h"
 # For `cpu_kernel: true` stubs: the hand-written header (under csrc/) and the
 # class template in cpp_namespace whose `run` calls a stub's CPU kernel.
-CPU_KERNEL_HEADER = "aten/native/CpuStub.h"
+CPU_KERNEL_HEADER = "aten/native/CpuIterator.h"
 CPU_KERNEL_TEMPLATE = "CpuKernelOf"
 # Called between a structured op's meta() and impl(), with the op object
 # (declared in CPU_KERNEL_HEADER, in the backend's cpp_namespace).
@@ -117,7 +117,7 @@ class KernelEntry:
 class CpuKernelEntry:
     """An aten operator whose own CPU kernel runs on the device memory: the
     generated wrapper hands it host aliases of the openreg operands
-    (csrc/aten/OpenRegHostCall.h) and returns its results as openreg tensors."""
+    (csrc/aten/OpenRegCpuKernelCall.h) and returns its results as openreg tensors."""
 
     func: NativeFunction
     # CPU tensors of any shape are accepted beside openreg ones (fallback.cpu_tensor_args).

@@ -21,7 +21,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
-#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
@@ -107,13 +107,13 @@ std::vector<std::tuple<std::string, std::string, std::string>> bindings() {
   return rows;
 }
 
-// CPU tensors over the same bytes as openreg tensors, for host code that
+// CPU tensors over the same bytes as openreg tensors, for CPU code that
 // works on device memory in place: the distributed backend hands them to gloo
 // and compiled (Inductor) kernels read and write through them. Each device's
 // current stream is joined first, so work queued before is complete and
 // what the caller does next is ordered like a kernel on that stream. Other
 // arguments (CPU tensors, numbers) pass through unchanged.
-py::list host_aliases(const py::sequence& args) {
+py::list cpu_aliases(const py::sequence& args) {
   py::list out;
   std::vector<c10::DeviceIndex> joined;
   for (py::handle arg : args) {
@@ -131,7 +131,7 @@ py::list host_aliases(const py::sequence& args) {
       openreg::join_current_stream(device);
       joined.push_back(device);
     }
-    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::host_alias(t))));
+    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::cpu_alias(t))));
   }
   return out;
 }
@@ -179,6 +179,8 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
+  // Before anything can run an openreg operator: CpuKernelCall relies on it.
+  openreg::install_cpu_allocator_redirect();
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
   m.def("_check_config", [] {
@@ -228,7 +230,7 @@ PYBIND11_MODULE(_C, m) {
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,
         "Device activities recorded and not yet handed to a profiler session.");
-  m.def("_host_aliases", &host_aliases,
+  m.def("_host_aliases", &cpu_aliases,
         "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
   m.add_object("_empty_strided", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr())));
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });

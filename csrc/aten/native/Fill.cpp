@@ -11,7 +11,7 @@
 #include <ATen/ops/fill_native.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"

@@ -4,7 +4,7 @@
 #include <torch/library.h>
 #include <ATen/ops/max_native.h>
 
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStructured.h"
 #include "aten/OpenRegTrace.h"

@@ -6,7 +6,7 @@
 
 #include "OpenRegNativeFunctions.h"
 
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStructured.h"
 #include "aten/OpenRegTrace.h"

@@ -5,7 +5,7 @@
 #include <ATen/ops/_softmax_native.h>
 #include <ATen/core/op_registration/adaption.h>
 
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStructured.h"
 #include "aten/OpenRegTrace.h"
@@ -43,9 +43,9 @@ at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bo
   structured_softmax_cpu_out_functional op;
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
-  ::demo::native::HostImplOperands<2> host(op.outputs_[0]);
-  op.impl(host(self), dim, half_to_float, host(op.outputs_[0]));
-  host.check_kept("aten::_softmax");
+  ::openreg::structured::CpuImplOperands<2> aliases(op.outputs_[0]);
+  op.impl(aliases(self), dim, half_to_float, aliases(op.outputs_[0]));
+  aliases.check_kept("aten::_softmax");
   return std::move(op.outputs_[0]);
 }
 
@@ -82,9 +82,9 @@ at::Tensor & wrapper_PrivateUse1__softmax_out_out(const at::Tensor & self, int64
   structured_softmax_cpu_out_out op(out);
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
-  ::demo::native::HostImplOperands<2> host(op.maybe_get_output(0));
-  op.impl(host(self), dim, half_to_float, host(op.maybe_get_output(0)));
-  host.check_kept("aten::_softmax.out");
+  ::openreg::structured::CpuImplOperands<2> aliases(op.maybe_get_output(0));
+  op.impl(aliases(self), dim, half_to_float, aliases(op.maybe_get_output(0)));
+  aliases.check_kept("aten::_softmax.out");
   if (op.proxy_outputs_[0].has_value()) {
     op.outputs_[0].get().copy_(*op.proxy_outputs_[0]);
   }
