@@ -45,8 +45,8 @@ inline at::Tensor create_out(at::IntArrayRef sizes, at::IntArrayRef strides, con
 // A functional operator's output: allocated on openreg, on the device of the
 // first output (made current by `guard` until the wrapper returns; every
 // output must be on that device). Inline, as create_out: it is on every
-// functional call's path, and out of line it cost 20-40 ns per call in
-// benchmarks/bench_ops.py's small cases.
+// functional call's path, where a call out of line showed in
+// benchmarks/bench_ops.py's small cases (docs/performance.md).
 inline void set_new_output(
     OptionalDeviceGuard& guard, at::Tensor& output, at::IntArrayRef sizes, at::IntArrayRef strides,
     const at::TensorOptions& options) {

@@ -1,7 +1,7 @@
 // torch_openreg._C: the thin Python surface over the ATen glue. Everything a
 // user calls goes through torch_openreg.openreg (torch.openreg), not here.
 // The Python side of torch that the bindings use, not torch/extension.h: that
-// also brings the whole C++ frontend (torch/all.h), 15 s of parsing.
+// also brings the whole C++ frontend (torch/all.h), many seconds of parsing.
 #include <ATen/EmptyTensor.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Event.h>
@@ -140,8 +140,8 @@ py::list cpu_aliases(const py::sequence& args) {
 // the empty_strided_cpu / empty_strided_cuda it emits for those devices
 // (torch/csrc/dynamo/guards.cpp): sizes and strides as tuples of ints, a
 // torch.dtype and a device index (-1: the current device), straight to the
-// allocator, without torch.empty_strided's argument parser and dispatch
-// (about 0.7 us less per buffer).
+// allocator, without torch.empty_strided's argument parser and dispatch, which
+// cost a compiled graph's wrapper time on every buffer.
 PyObject* empty_strided_fast(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
   PyObject* py_size = nullptr;

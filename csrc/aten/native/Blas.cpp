@@ -280,8 +280,8 @@ bool small_batched_product(
 
 // CPU's baddbmm impl without its meta(): at::cpu::baddbmm_out would run meta()
 // again on the CPU aliases, and that meta() copies self into the output a
-// second time (64 MiB more memory traffic on the benchmark's 64x512x512, 4-5%
-// of the call). The impl reads only its arguments.
+// second time (a second pass over the output's memory on large inputs). The
+// impl reads only its arguments.
 struct BaddbmmImpl final : at::native::structured_baddbmm_out_cpu {
   const at::Tensor& maybe_get_output(int64_t /*output_idx*/) override {
     TORCH_INTERNAL_ASSERT(false, "openreg's baddbmm calls CPU's impl() only, which sets no output");

@@ -48,8 +48,8 @@ at::Tensor cast_over_reach(const at::Tensor& t, at::ScalarType dtype) {
 // `dtype` into CPU memory with t's strides: one conversion loop over the
 // block, with c10::convert, the conversion CPU's copy_ kernel applies. CPU's
 // own TensorIterator casts such an operand with to(), an allocation through
-// the dispatcher and a copy_ iterator: about 0.7 us of the 2 us `x * bool_mask`
-// takes on 16 elements (docs/performance.md). Undefined for other dtypes.
+// the dispatcher and a copy_ iterator, a large part of what `x * bool_mask`
+// costs on 16 elements (docs/performance.md). Undefined for other dtypes.
 at::Tensor cast_dense(const at::TensorBase& t, at::ScalarType dtype) {
   // From half, CPU's copy_ converts with F16C instructions, which give NaN
   // other bits than c10::convert (the bit test in tests/test_structured.py).
@@ -86,7 +86,7 @@ at::Tensor cast_dense(const at::TensorBase& t, at::ScalarType dtype) {
 //
 // A small input, which the kernel only reads, is cast into CPU memory from a
 // recycled alias, sparing a device allocation and a trip through openreg's
-// copy_ (about 1 us of 3 for `x * mask` on 16 elements); large ones stay on
+// copy_, a large part of a small mixed-dtype call; large ones stay on
 // the device, whose caching allocator keeps their blocks. The alias is read
 // after the work queued on the stream.
 at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype, bool copy) {
