@@ -1,5 +1,5 @@
 """all_reduce throughput over gloo on two local processes: openreg tensors (openreg_gloo,
-through host aliases) against CPU tensors (the same group, gloo on plain CPU memory).
+through CPU aliases) against CPU tensors (the same group, gloo on plain CPU memory).
 
     python benchmarks/bench_distributed.py [--json FILE] [--repeat N]
 

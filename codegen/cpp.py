@@ -18,17 +18,17 @@ TRACE_HEADER = "aten/OpenRegTrace.h"  # openreg::trace::Scope, TracedStub
 ROUTES_HEADER = "aten/OpenRegRoutes.h"  # openreg::Route, RouteTable
 FALLBACK_HEADER = "aten/OpenRegFallback.h"  # the boxed fallbacks
 STRUCTURED_HEADER = "aten/OpenRegStructured.h"  # the classes structured wrappers derive from
-CPU_KERNEL_CALL_HEADER = "aten/OpenRegHostCall.h"  # openreg::HostCall
-CPU_ITERATOR_HEADER = "aten/native/CpuStub.h"  # CpuKernelOf, prepare_structured_impl, HostImplOperands
+CPU_KERNEL_CALL_HEADER = "aten/OpenRegCpuKernelCall.h"  # openreg::CpuKernelCall
+CPU_ITERATOR_HEADER = "aten/native/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl
 # The generated header that declares every kernel the yaml names.
 NATIVE_HEADER = "OpenRegNativeFunctions.h"
 
 # C++ names the generated code calls.
 STRUCTURED_NAMESPACE = "::openreg::structured"
-CPU_KERNEL_CALL = "::openreg::HostCall"
+CPU_KERNEL_CALL = "::openreg::CpuKernelCall"
 CPU_STUB_KERNEL = "CpuKernelOf"  # in cpp_namespace: CpuKernelOf<&stub>::run
 STRUCTURED_PREPARE = "prepare_structured_impl"  # in cpp_namespace
-CPU_ALIAS_OPERANDS = "HostImplOperands"  # in cpp_namespace
+CPU_ALIAS_OPERANDS = "::openreg::structured::CpuImplOperands"
 
 
 def route_value(route: Route) -> str:

@@ -2,7 +2,8 @@
 // (setup.py: PrecompiledHeader) and given with -include to every unit that
 // includes one of them (the others compile without it: loading it costs more
 // than they parse).
-// Parsing them costs 2-6 s per unit, more than compiling most units' own code.
+// Parsing them costs more than compiling most units' own code
+// (docs/development.md).
 //
 // Only torch's headers belong here: they do not change between builds (setup.py
 // reads them from build/torch-headers), while a project header here would
@@ -14,9 +15,9 @@
 // ATen/native/RangeFactories.h has no include guard and stays out.
 //
 // ATen/native/Resize.h brings ATen/NativeFunctions.h (every native function's
-// declaration), which makes the precompiled header 1.6 times as large (436 MB,
-// not 272; 16 s to build, not 11), but is worth it: without it, a clean build
-// took longer (ninja 118 s instead of 104), most units parsing parts of it.
+// declaration), which makes the precompiled header much larger and slower to
+// build, but is worth it: without it, a clean build took longer, most units
+// parsing parts of it (docs/performance.md, "Measurements behind comments").
 #include <ATen/DeviceGuard.h>
 #include <ATen/Dispatch.h>
 #include <ATen/EmptyTensor.h>

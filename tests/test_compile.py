@@ -3,7 +3,7 @@
 The oracle is eager mode on the CPU. Inductor tests also check the generated wrapper:
 a compile that silently fell back to eager would produce the right numbers, so each
 one asserts that Inductor generated C++ kernels and that the wrapper calls them on
-openreg's host aliases (docs/compile.md).
+openreg's CPU aliases (docs/compile.md).
 """
 
 import copy
@@ -59,7 +59,7 @@ def assert_ran_cpp_kernels(source, count=None):
     if count is not None:
         assert metrics.generated_kernel_count == count
     assert "async_compile.cpp_pybinding" in source
-    assert KERNEL_CALL in source, "the wrapper must call C++ kernels on host aliases"
+    assert KERNEL_CALL in source, "the wrapper must call C++ kernels on CPU aliases"
 
 
 def test_dynamo_finds_the_openreg_device_interface():
@@ -350,7 +350,7 @@ _CONV = dict(stride=[4, 4], padding=[0, 0], dilation=[1, 1], transposed=False, o
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
 def test_fake_convolution_predicts_the_strides_openreg_returns(memory_format):
-    # openreg's convolution runs CPU's kernel on host aliases, so it returns
+    # openreg's convolution runs CPU's kernel on CPU aliases, so it returns
     # CPU's strides: channels-last when an operand is. Fake tensors (compile,
     # export) must predict them, although _select_conv_backend answers
     # Overrideable for PrivateUse1 (torch_openreg/openreg/_fake_tensor.py).

@@ -1,4 +1,4 @@
-"""Device memory: host code cannot touch it, the caching allocator, capacity and OOM."""
+"""Device memory: CPU code cannot touch it, the caching allocator, capacity and OOM."""
 
 import gc
 import os
@@ -26,7 +26,7 @@ def run_python(code, env=None, args=()):
     )
 
 
-# -- host code cannot dereference device memory -----------------------------------
+# -- CPU code cannot dereference device memory -----------------------------------
 
 READ_DEVICE_POINTER = """
     import ctypes, torch

@@ -1,5 +1,5 @@
 """torch.distributed on openreg tensors: the openreg_gloo backend (torch's gloo reading and
-writing device memory through host aliases), DistributedDataParallel against one process
+writing device memory through CPU aliases), DistributedDataParallel against one process
 on the whole batch, and the torchrun example.
 
 The checks marked @on_every_rank run in two processes that this module launches once,

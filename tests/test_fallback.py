@@ -92,7 +92,7 @@ def test_out_argument_is_resized_like_cpu():
 
 
 def test_out_resized_by_the_cpu_kernel_adopts_device_memory_and_frees_it():
-    # abs.out resizes an empty out: the CPU kernel grows the host alias into
+    # abs.out resizes an empty out: the CPU kernel grows the CPU alias into
     # device memory, which the out tensor then owns (no copy back).
     x = torch.randn(64, 33)
     baseline = torch.accelerator.memory_allocated(0)
@@ -283,7 +283,7 @@ def test_fallback_leaks_no_device_memory():
 
 
 def test_cpu_kernel_that_keeps_its_input_keeps_the_device_memory_alive():
-    # A CPU kernel sees host aliases of the openreg operands. One that keeps its
+    # A CPU kernel sees CPU aliases of the openreg operands. One that keeps its
     # input after the call keeps a valid tensor: the alias then holds the
     # device memory, which is freed once the alias goes.
     kept = []
@@ -313,7 +313,7 @@ def test_cpu_kernel_that_keeps_its_input_keeps_the_device_memory_alive():
 
 
 def test_cpu_kernel_written_in_python_runs_again_and_again():
-    # Host aliases are recycled between calls on a thread; a kernel written in
+    # CPU aliases are recycled between calls on a thread; a kernel written in
     # Python gets them as Python tensors, and the calls after it still work.
     lib = torch.library.Library("openreg_test_plus_one", "DEF")
     try:

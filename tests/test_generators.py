@@ -256,7 +256,7 @@ def test_openreg_draws_the_cpu_stream_of_the_same_seed(op):
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float16])
 def test_randperm_out_resizes_and_draws_cpus_permutation(dtype):
     # randperm's kernel sizes `out` on the device, then runs CPU's randperm on a
-    # host alias of it.
+    # CPU alias of it.
     for n, out_shape in [(10, (0,)), (10, (10,)), (1000, (3, 4)), (0, (5,))]:
         torch.manual_seed(7)
         expected = torch.randperm(n, dtype=dtype, out=torch.empty(out_shape, dtype=dtype))
@@ -291,7 +291,7 @@ def test_randperm_shuffles_strided_outs_and_explicit_generators_as_cpu(dtype):
 
 def test_randperm_of_int64_and_int32_skips_cpus_kernel():
     # The profiler shows CPU's kernel by the resize_ calls it makes on the
-    # host alias; openreg's loop makes none. (The first call also runs CPU's
+    # CPU alias; openreg's loop makes none. (The first call also runs CPU's
     # kernel once, to check that the loop gives its permutation.)
     from torch.profiler import ProfilerActivity, profile
 

@@ -133,7 +133,7 @@ def test_kernels_on_different_streams_land_on_different_rows():
 
 def test_a_fresh_result_is_adopted_without_a_staging_copy():
     # nonzero's CPU kernel allocates its result while the call redirects CPU
-    # allocations to device memory (OpenRegHostCall.h): the result is adopted,
+    # allocations to device memory (OpenRegCpuKernelCall.h): the result is adopted,
     # so the call issues no host-to-device copy and its kernel is all its
     # device time.
     x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])

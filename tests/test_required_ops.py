@@ -170,7 +170,7 @@ def test_copy_refuses_overlaps_as_cpu_does():
 @pytest.mark.parametrize("nbytes", [(512 << 10) - 4, 512 << 10, (1 << 20) + 4, 9 << 20])
 def test_large_copies_in_every_direction(nbytes):
     # Around and above the size from which the runtime's copy engine stops
-    # using memmove (csrc/runtime/OpenRegMemory.cpp: copy_bytes).
+    # using memmove (csrc/runtime/RuntimeMemory.cpp: copy_bytes).
     src = torch.randint(-(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32)
     dev = src.to(DEV)
     assert torch.equal(dev.cpu(), src)

@@ -148,7 +148,7 @@ def test_binary_promotes_types_like_cpu(name):
 
 @pytest.mark.parametrize("numel", [16, 40000])  # below and above the size cast in host memory
 def test_promoted_device_inputs_of_every_layout_match_cpu(numel):
-    # A stub kernel casts an input of another dtype to the common one (CpuStub.cpp,
+    # A stub kernel casts an input of another dtype to the common one (CpuIterator.cpp,
     # recast_keeping_strides): dense ones keep their strides, others are cast over
     # the memory they reach; small ones into host memory.
     rows = numel // 8
@@ -202,7 +202,7 @@ def special_values(dtype):
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "expanded"])
 def test_promoting_casts_give_cpus_bits_for_every_dtype_pair(layout):
-    # Small dense inputs are cast in one loop (CpuStub.cpp, cast_dense), others
+    # Small dense inputs are cast in one loop (CpuIterator.cpp, cast_dense), others
     # through to(); both must give the bits CPU's own cast gives.
     shape = {"contiguous": lambda t: t, "transposed": lambda t: t.reshape(4, 5).t(),
              "expanded": lambda t: t[:1].expand(20)}[layout]
@@ -324,7 +324,7 @@ def test_max_of_empty_dim_raises_like_cpu():
         torch.max(torch.randn(4, 0, device=DEV), dim=1)
 
 
-# Reductions whose stub kernel gives CPU's kernel host aliases of the
+# Reductions whose stub kernel gives CPU's kernel CPU aliases of the
 # iterator's operands from GRAIN_SIZE elements, where CPU's parallel paths
 # build iterators of their own from the tensors; below that CPU's kernel runs
 # on the openreg tensors' kernel addresses.
@@ -386,7 +386,7 @@ def test_small_reductions_into_strided_outs_match_cpu(name, dtype):
 
 
 def test_a_reduction_leaves_its_operands_on_the_device():
-    # The stub kernel exchanges the iterator's operands for host aliases while
+    # The stub kernel exchanges the iterator's operands for CPU aliases while
     # CPU's kernel runs, and gives them back afterwards.
     a = torch.randn(300, 200, device=DEV)
     out = torch.empty(200, device=DEV)
@@ -603,7 +603,7 @@ def test_zero_of_a_tensor_on_another_device_than_the_current_one():
             assert torch.openreg.current_device() == 0
 
 
-# Structured groups declared `on_cpu_aliases: true`: CPU's impl() runs on host
+# Structured groups declared `on_cpu_aliases: true`: CPU's impl() runs on CPU
 # aliases of the device tensors. out= operator -> its positional arguments,
 # built with `t(*shape)` (random tensors of the dtype under test, contiguous
 # or not; t.dtype is that dtype); a last dict holds keyword arguments.
@@ -825,7 +825,7 @@ def test_on_cpu_aliases_autograd_matches_cpu(fn):
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_takes_cpus_path_and_gives_cpus_bits(approximate):
-    # CPU's gelu impl uses oneDNN for contiguous float32 CPU tensors (host
+    # CPU's gelu impl uses oneDNN for contiguous float32 CPU tensors (CPU
     # aliases are CPU tensors) and ATen's kernel otherwise (on the iterator,
     # at kernel addresses): either way openreg's result is CPU's, bit for bit.
     views = [lambda t: t, lambda t: t.double(), lambda t: t[::2], lambda t: t.reshape(60, 50).t()]

@@ -6,7 +6,7 @@ drives a CPU kernel call (cpp.CPU_KERNEL_CALL, csrc/aten) argument by
 argument, as the boxed CPU fallback does at run time, but with every type known
 here: it notes where each operand lives, begins the call (device guard, stream
 order, CPU allocations redirected to device memory), calls the operator's
-CPU kernel with host aliases of the operands, and returns written operands as
+CPU kernel with CPU aliases of the operands, and returns written operands as
 themselves and fresh results as openreg tensors over the memory the CPU kernel
 allocated.
 
@@ -61,12 +61,12 @@ def _host_expr(a: Argument) -> str:
     if not kind:
         return a.name
     if kind == "tensor" and a.is_write:
-        return f"{a.name}_host"  # a local: the CPU function takes a Tensor&
+        return f"{a.name}_alias"  # a local: the CPU function takes a Tensor&
     if kind == "generator":
         return f"call.generator({a.name})" if isinstance(a.type, OptionalType) else f"*call.generator({a.name})"
     if kind == "device":
         return f"call.device({a.name})" if isinstance(a.type, OptionalType) else f"*call.device({a.name})"
-    return f"call.host({a.name})"
+    return f"call.alias({a.name})"
 
 
 def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
@@ -103,7 +103,7 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         sig = DispatcherSignature.from_schema(f.func)
         arguments = [b.argument for b in sig.arguments()]
         notes = [n for n in (_note(a) for a in arguments if isinstance(a, Argument)) if n is not None]
-        written = [f"  at::Tensor {a.name}_host = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
+        written = [f"  at::Tensor {a.name}_alias = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
         namespace, cpu_sig = cpu_function(f)
         host = [Expr(_host_expr(b.argument), b.nctype) for b in sig.arguments() if isinstance(b.argument, Argument)]
         exprs = ", ".join(e.expr for e in translate(host, cpu_sig.arguments(), method=False))

@@ -115,7 +115,7 @@ def wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
         # kernel) finds it on kernel addresses.
         tensors = [i for i, a in enumerate(impl_args) if a.nctype.type == ConstRefCType(BaseCType(tensorT))]
         body.append(f"::{namespace}::{cpp.STRUCTURED_PREPARE}(op);")
-        body.append(f"::{namespace}::{cpp.CPU_ALIAS_OPERANDS}<{len(tensors)}> aliases({impl_exprs[tensors[-1]]});")
+        body.append(f"{cpp.CPU_ALIAS_OPERANDS}<{len(tensors)}> aliases({impl_exprs[tensors[-1]]});")
         for i in tensors:
             impl_exprs[i] = f"aliases({impl_exprs[i]})"
         body.append(f"op.impl({', '.join(impl_exprs)});")

@@ -9,7 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "OpenRegHostCall.h"
+#include "OpenRegCpuKernelCall.h"
 #include "OpenRegRoutes.h"
 #include "OpenRegTrace.h"
 
@@ -60,7 +60,7 @@ c10::IValue map_tensors(const c10::IValue& value, Fn&& fn) {
   return value;
 }
 
-// One run of the fallback: a HostCall (OpenRegHostCall.h) driven by the
+// One run of the fallback: a CpuKernelCall (OpenRegCpuKernelCall.h) driven by the
 // operator's schema, over the boxed stack.
 class FallbackCall {
  public:
@@ -84,7 +84,7 @@ class FallbackCall {
     }
     call_.begin();
     for (size_t i = 0; i < arguments.size(); ++i) {
-      to_host(arguments[i], stack_[args_begin_ + i]);
+      to_cpu_aliases(arguments[i], stack_[args_begin_ + i]);
     }
     op_.redispatchBoxed(c10::DispatchKeySet(kernel_key_), &stack_);
     call_.finish();
@@ -106,16 +106,16 @@ class FallbackCall {
     }
   }
 
-  void to_host(const c10::Argument& argument, c10::IValue& value) {
+  void to_cpu_aliases(const c10::Argument& argument, c10::IValue& value) {
     if (is_written(argument)) {
       value = map_tensors(value, [&](const at::Tensor& t) { return call_.written(t); });
     } else {
-      value = map_tensors(value, [&](const at::Tensor& t) { return call_.host(t); });
+      value = map_tensors(value, [&](const at::Tensor& t) { return call_.alias(t); });
     }
     if (value.isDevice()) {
       value = *call_.device(value.toDevice());
     } else if (value.isStorage()) {
-      value = call_.host(value.toStorage());
+      value = call_.alias(value.toStorage());
     } else if (value.isGenerator()) {
       value = *call_.generator(value.toGenerator());
     } else if (value.isNone() && is_generator_argument(argument)) {
@@ -130,7 +130,7 @@ class FallbackCall {
   const c10::FunctionSchema& schema_;
   torch::jit::Stack& stack_;
   const size_t args_begin_;
-  HostCall call_;
+  CpuKernelCall call_;
 };
 
 std::atomic<FallbackMode> mode{FallbackMode::Silent};
@@ -201,9 +201,9 @@ void reset_fallback_stats() {
 namespace {
 
 // Both fallbacks: unless OPENREG_FALLBACK=error (then the operator's name and
-// `forbidden` are the error), runs the operator's `key` kernel on host aliases
+// `forbidden` are the error), runs the operator's `key` kernel on CPU aliases
 // of its openreg tensors and counts the call.
-void run_on_host(
+void run_on_cpu_aliases(
     const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey key, const char* forbidden) {
   const c10::OperatorName& name = op.operator_name();
   const FallbackMode current = fallback_mode();
@@ -217,7 +217,7 @@ void run_on_host(
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
   const trace::Scope scope(name, Route::Fallback);
-  run_on_host(
+  run_on_cpu_aliases(
       op, stack, c10::DispatchKey::CPU,
       " has no openreg kernel, and OPENREG_FALLBACK=error forbids running it on the CPU fallback. "
       "Give it a kernel in backend_functions.yaml (kernels:, structured: or cpu_kernels:; see "
@@ -240,7 +240,7 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         "(layout=torch.jagged), or apply the operator to the tensors of nt.unbind().");
   }
   const trace::Scope scope(name, Route::NestedFallback);
-  run_on_host(
+  run_on_cpu_aliases(
       op, stack, c10::DispatchKey::NestedTensorCPU,
       " got a nested tensor of the strided layout, which openreg runs on the nested CPU fallback only "
       "(torch's NestedTensorCPU kernel on the device memory), and OPENREG_FALLBACK=error forbids it. "

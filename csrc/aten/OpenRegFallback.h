@@ -10,7 +10,7 @@
 
 namespace openreg {
 
-// Boxed kernel: runs the operator's CPU kernel directly on host aliases of the
+// Boxed kernel: runs the operator's CPU kernel directly on CPU aliases of the
 // openreg operands (no staging copies), so in-place ops and out= write device
 // memory, views stay views, and fresh results are moved to the operands' device.
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
@@ -33,7 +33,7 @@ void reset_fallback_stats();
 
 // The nested counterpart of cpu_fallback, for every operator on a nested
 // openreg tensor of the strided layout (the NestedTensorPrivateUse1 key): each
-// nested openreg operand becomes a NestedTensorCPU host alias (same nested
+// nested openreg operand becomes a NestedTensorCPU CPU alias (same nested
 // sizes, strides and offsets over the same bytes), the operator's
 // NestedTensorCPU kernel runs, and nested results come back as nested openreg
 // tensors, as dense ones do from cpu_fallback. Counted and governed by the

@@ -1,5 +1,5 @@
 // A lock for short critical sections on per-call paths (the caching
-// allocator, the host-visible registry). Taking it when free is one atomic
+// allocator, the CPU-visible registry). Taking it when free is one atomic
 // exchange and releasing it one plain store, where a std::mutex costs an
 // atomic operation and a library call each way. A waiter spins briefly, then
 // yields its core, so a long hold (the allocator synchronizing events in

@@ -1,7 +1,7 @@
 // torch_openreg._C: the thin Python surface over the ATen glue. Everything a
 // user calls goes through torch_openreg.openreg (torch.openreg), not here.
 // The Python side of torch that the bindings use, not torch/extension.h: that
-// also brings the whole C++ frontend (torch/all.h), 15 s of parsing.
+// also brings the whole C++ frontend (torch/all.h), many seconds of parsing.
 #include <ATen/EmptyTensor.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Event.h>
@@ -21,7 +21,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
-#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
@@ -108,13 +108,13 @@ std::vector<std::tuple<std::string, openreg::Route, std::string>> bindings() {
   return rows;
 }
 
-// CPU tensors over the same bytes as openreg tensors, for host code that
+// CPU tensors over the same bytes as openreg tensors, for CPU code that
 // works on device memory in place: the distributed backend hands them to gloo
 // and compiled (Inductor) kernels read and write through them. Each device's
 // current stream is joined first, so work queued before is complete and
 // what the caller does next is ordered like a kernel on that stream. Other
 // arguments (CPU tensors, numbers) pass through unchanged.
-py::list host_aliases(const py::sequence& args) {
+py::list cpu_aliases(const py::sequence& args) {
   py::list out;
   std::vector<c10::DeviceIndex> joined;
   for (py::handle arg : args) {
@@ -132,7 +132,7 @@ py::list host_aliases(const py::sequence& args) {
       openreg::join_current_stream(device);
       joined.push_back(device);
     }
-    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::host_alias(t))));
+    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::cpu_alias(t))));
   }
   return out;
 }
@@ -141,8 +141,8 @@ py::list host_aliases(const py::sequence& args) {
 // the empty_strided_cpu / empty_strided_cuda it emits for those devices
 // (torch/csrc/dynamo/guards.cpp): sizes and strides as tuples of ints, a
 // torch.dtype and a device index (-1: the current device), straight to the
-// allocator, without torch.empty_strided's argument parser and dispatch
-// (about 0.7 us less per buffer).
+// allocator, without torch.empty_strided's argument parser and dispatch, which
+// cost a compiled graph's wrapper time on every buffer.
 PyObject* empty_strided_fast(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
   PyObject* py_size = nullptr;
@@ -180,6 +180,8 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
+  // Before anything can run an openreg operator: CpuKernelCall relies on it.
+  openreg::install_cpu_allocator_redirect();
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
   m.def("_check_config", [] {
@@ -235,7 +237,7 @@ PYBIND11_MODULE(_C, m) {
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,
         "Device activities recorded and not yet handed to a profiler session.");
-  m.def("_host_aliases", &host_aliases,
+  m.def("_host_aliases", &cpu_aliases,
         "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
   m.add_object("_empty_strided", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr())));
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });

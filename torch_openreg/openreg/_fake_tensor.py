@@ -10,7 +10,7 @@ The fake convolution (``conv`` in torch/_subclasses/fake_impls.py, registered fo
 ``torch._C._select_conv_backend`` which kernel the device would run and takes
 that kernel's memory format. For a PrivateUse1 tensor the answer is
 ``Overrideable``, whose format is always contiguous. But openreg's convolution is
-CPU's, run on host aliases of the device memory (``convolution`` and
+CPU's, run on CPU aliases of the device memory (``convolution`` and
 ``convolution_backward`` under ``cpu_kernels:`` in backend_functions.yaml), so it
 picks CPU's kernel, oneDNN's for float32, whose output is channels-last when an
 operand is. The prediction was wrong for every channels-last convolution, as soon
@@ -18,7 +18,7 @@ as Inductor's layout optimisation or the user made one.
 
 ``register`` wraps the fake convolution so that for openreg operands it predicts
 on CPU fake tensors of the same sizes and strides, as CPU's kernel selection sees
-the host aliases, then moves the prediction to the openreg device.
+the CPU aliases, then moves the prediction to the openreg device.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Inductor code generation for openreg: torch's C++ CPU kernels, run on host aliases.
+"""Inductor code generation for openreg: torch's C++ CPU kernels, run on CPU aliases.
 
 An openreg kernel is a CPU kernel run on device memory (docs/architecture.md), so
 Inductor's C++ backend (``CppScheduling``: vectorised, OpenMP-parallel loops) already
 writes the right kernels for openreg. What differs is how they are called. Inductor's
 Python wrapper calls a C++ kernel with the tensors themselves, and the binding glue
 that ``CppPythonBindingsCodeCache`` compiles around it reads ``data_ptr()``, which for
-an openreg tensor is a device-view address host code must not touch
+an openreg tensor is a device-view address CPU code must not touch
 (docs/runtime.md). ``OpenRegWrapperCodegen`` therefore emits each C++ kernel call as
 
     cpp_fused_add_relu_0(*openreg_host_aliases((arg0_1, buf0, 8)))
@@ -100,7 +100,7 @@ class _OpenRegKernelCalls:
             )
         # Every C++ kernel of an openreg graph, including those of CPU tensors in
         # a mixed graph: they are all generated under the CPU device (see
-        # OpenRegScheduling), and host aliases pass CPU tensors through. The
+        # OpenRegScheduling), and CPU aliases pass CPU tensors through. The
         # trailing comma keeps a one-argument tuple a tuple.
         args = ", ".join(call_args)
         self.writeline(f"{kernel_name}(*{HOST_ALIASES}(({args},))){self.ending}")  # type: ignore[attr-defined]
@@ -134,7 +134,7 @@ class OpenRegSubgraphWrapperCodegen(_OpenRegKernelCalls, SubgraphPythonWrapperCo
 
 
 class OpenRegWrapperCodegen(_OpenRegKernelCalls, PythonWrapperCodegen):
-    """Inductor's Python wrapper, with openreg's C++ kernel calls on host aliases."""
+    """Inductor's Python wrapper, with openreg's C++ kernel calls on CPU aliases."""
 
     @staticmethod
     def create(
@@ -158,8 +158,8 @@ _CPP_WRAPPER_MESSAGE = (
     "openreg: torch.compile with the C++ wrapper (torch._inductor.config.cpp_wrapper=True, "
     "also used by AOTInductor: torch._inductor.aoti_compile_and_package / aot_compile) is not "
     "supported on openreg with torch 2.13. The C++ wrapper passes tensor data pointers straight "
-    "to the kernels, and an openreg data pointer is a device address that host code cannot "
-    "read; only the Python wrapper routes kernel arguments through openreg's host aliases. "
+    "to the kernels, and an openreg data pointer is a device address that CPU code cannot "
+    "read; only the Python wrapper routes kernel arguments through openreg's CPU aliases. "
     "Use the default Python wrapper (cpp_wrapper=False), or backend=\"aot_eager\"."
 )
 

@@ -13,7 +13,7 @@ all give a group whose collectives take openreg tensors (and CPU tensors).
 
 How: the group owns a ``ProcessGroupGloo`` built on the store, rank and size c10d hands
 the backend creator, and forwards every collective to it with each openreg tensor
-replaced by its *host alias* (``_C._host_aliases``: a CPU tensor over the same bytes, after
+replaced by its *CPU alias* (``_C._host_aliases``: a CPU tensor over the same bytes, after
 joining the current stream of its device). Gloo therefore reads and writes device memory
 in place, with its own transport (TCP on loopback or the interface gloo picks): no
 staging copies and no home-made transport. docs/distributed.md gives the reasoning.
@@ -49,7 +49,7 @@ def _flatten(items: Any) -> list[torch.Tensor]:
 
 def _replaced(items: Any, replacement: dict[int, torch.Tensor]) -> Any:
     """``items`` with the same nesting, each tensor replaced by what gloo gets instead
-    (its host alias, or a contiguous copy's)."""
+    (its CPU alias, or a contiguous copy's)."""
     if isinstance(items, torch.Tensor):
         return replacement.get(id(items), items)
     return [_replaced(item, replacement) for item in items]
@@ -57,7 +57,7 @@ def _replaced(items: Any, replacement: dict[int, torch.Tensor]) -> Any:
 
 def _check_one_device(op: str, tensors: list[torch.Tensor]) -> None:
     """One collective call works on one device, as ProcessGroupNCCL requires of a rank's
-    tensors. Gloo would take a CPU tensor next to a host alias without a word and mix
+    tensors. Gloo would take a CPU tensor next to a CPU alias without a word and mix
     host and device memory in one call; refuse that with the devices named instead."""
     devices = {t.device for t in tensors}
     if len(devices) > 1 and any(d.type == "openreg" for d in devices):
@@ -85,7 +85,7 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
     memory; openreg kernels launched after that see them (they run in the launching
     thread, and ``_host_aliases`` joined the current stream before gloo read the inputs).
     ``async_op=False`` and DDP's reducer wait for every collective. ``work.get_future()``
-    gives the openreg tensors (not their host aliases), which DDP copies into gradients.
+    gives the openreg tensors (not their CPU aliases), which DDP copies into gradients.
     A call with a non-contiguous tensor completes before returning (see ``_run``).
     """
 
@@ -127,7 +127,7 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         # keeps in its backends (ProcessGroup::setGroupName), live there too.
         self._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
         self._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._gloo)
-        # The tensors this group made for gloo (host aliases, contiguous copies), one
+        # The tensors this group made for gloo (CPU aliases, contiguous copies), one
         # list per call, kept until gloo has let go of them: see _retire.
         self._in_flight: list[list[torch.Tensor]] = []
         _GROUPS.add(self)
@@ -141,7 +141,7 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         """The gloo transport, for the capability queries c10d makes in Python
         (``init_process_group(device_id=...)`` asks ``supports_splitting``). C++ code
         asking the group for an openreg backend still gets an error: gloo itself must
-        never see an openreg tensor, only its host alias."""
+        never see an openreg tensor, only its CPU alias."""
         device_type = torch.device(device).type
         if device_type not in ("openreg", "cpu"):
             raise ValueError(f"{BACKEND_NAME} serves openreg and cpu tensors, not {device_type}")
@@ -157,7 +157,7 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         """Forgets the tensors of calls gloo is done with.
 
         Gloo's worker thread releases a collective's tensors (and our future callback)
-        after completing it. Were it the last owner of a host alias, it would free the
+        after completing it. Were it the last owner of a CPU alias, it would free the
         alias's Python object, taking the GIL, and a worker thread that takes the GIL
         while the interpreter finalises aborts the process ("terminate called without
         an active exception"). So this group holds every alias until gloo has let go

@@ -19,7 +19,7 @@
 #include <ATen/ops/result_type.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 
 namespace openreg::native {
 

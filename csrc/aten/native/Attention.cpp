@@ -19,7 +19,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegCpuKernelCall.h"
 
 namespace openreg::native {
 
@@ -54,7 +54,7 @@ scaled_dot_product_fused_attention_overrideable(
       !return_debug_mask,
       "_scaled_dot_product_fused_attention_overrideable on openreg: return_debug_mask=True is not supported "
       "(the kernel is CPU's flash attention, which has no debug mask)");
-  HostCall call("aten::_scaled_dot_product_fused_attention_overrideable");
+  CpuKernelCall call("aten::_scaled_dot_product_fused_attention_overrideable");
   call.note(query, "query");
   call.note(key, "key");
   call.note(value, "value");
@@ -62,7 +62,7 @@ scaled_dot_product_fused_attention_overrideable(
   call.begin();
   // CPU's kernel checks the rest (4-D inputs, no dropout, dtypes) with its own messages.
   auto [output, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(
-      call.host(query), call.host(key), call.host(value), dropout_p, is_causal, call.host(attn_bias), scale);
+      call.alias(query), call.alias(key), call.alias(value), dropout_p, is_causal, call.alias(attn_bias), scale);
   call.finish();
   // The sequence lengths of the variable-length (nested) form and the dropout
   // seed are not used by a kernel without dropout or nested inputs: undefined
@@ -105,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fu
       "computed by the fused kernel (CPU's flash attention); scaled_dot_product_attention takes the math path "
       "for a mask that requires grad");
   const std::optional<at::Tensor> mask = attn_bias.defined() ? std::optional<at::Tensor>(attn_bias) : std::nullopt;
-  HostCall call("aten::_scaled_dot_product_fused_attention_overrideable_backward");
+  CpuKernelCall call("aten::_scaled_dot_product_fused_attention_overrideable_backward");
   call.note(grad_out, "grad_out");
   call.note(query, "query");
   call.note(key, "key");
@@ -115,15 +115,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fu
   call.note(logsumexp, "logsumexp");
   call.begin();
   auto [grad_query, grad_key, grad_value] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(
-      call.host(grad_out),
-      call.host(query),
-      call.host(key),
-      call.host(value),
-      call.host(out),
-      call.host(logsumexp),
+      call.alias(grad_out),
+      call.alias(query),
+      call.alias(key),
+      call.alias(value),
+      call.alias(out),
+      call.alias(logsumexp),
       dropout_p,
       is_causal,
-      call.host(mask),
+      call.alias(mask),
       scale);
   call.finish();
   return {

@@ -3,19 +3,19 @@
 // dtypes and sized the output; matmul and linear reach them.
 //
 // CPU's impls hand BLAS the operands' data pointers or index them directly,
-// which host code cannot do on openreg's device memory. These do what CPU's
+// which CPU code cannot do on openreg's device memory. These do what CPU's
 // do on kernel addresses where that is simple enough to follow exactly, so
 // results are CPU's bit for bit (tests/test_structured_impls.py compares
 // them):
 // - mm, addmm in float and double: the layout choices of CPU's impl and the
 //   BLAS routine it calls then (sgemm_/dgemm_, which libtorch_cpu exports);
 // - bmm, baddbmm with small matrices: the loops of CPU's small-product kernel.
-// Every other case runs CPU's own kernel on host aliases (HostCall): other
+// Every other case runs CPU's own kernel on CPU aliases (CpuKernelCall): other
 // dtypes, conjugate or negative views, operands BLAS cannot read in place (CPU
 // copies those first), an empty contraction, larger batched products (BLAS or
 // oneDNN), a reduced-precision float32 matmul mode
 // (torch.backends.mkldnn.matmul.fp32_precision), or operands on other devices
-// (HostCall accepts a 0-dim CPU bias and rejects the rest, as for CUDA).
+// (CpuKernelCall accepts a 0-dim CPU bias and rejects the rest, as for CUDA).
 #include <algorithm>
 #include <climits>
 #include <optional>
@@ -31,7 +31,7 @@
 #include <ATen/ops/mm_cpu_dispatch.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -193,7 +193,7 @@ bool blas_addmm(
   }
   const bool add = beta.toComplexDouble() != 0.0 && !self.is_same(out);
   // A small bias (often a broadcast row) is copied here, element by element;
-  // copy_ would build host aliases for it. A large one, or one sharing
+  // copy_ would build CPU aliases for it. A large one, or one sharing
   // memory with the output, goes through copy_.
   const bool small = out.numel() < at::internal::GRAIN_SIZE && !self.storage().is_alias_of(out.storage());
   if (add && !small) {
@@ -279,9 +279,9 @@ bool small_batched_product(
 }
 
 // CPU's baddbmm impl without its meta(): at::cpu::baddbmm_out would run meta()
-// again on the host aliases, and that meta() copies self into the output a
-// second time (64 MiB more memory traffic on the benchmark's 64x512x512, 4-5%
-// of the call). The impl reads only its arguments.
+// again on the CPU aliases, and that meta() copies self into the output a
+// second time (a second pass over the output's memory on large inputs). The
+// impl reads only its arguments.
 struct BaddbmmImpl final : at::native::structured_baddbmm_out_cpu {
   const at::Tensor& maybe_get_output(int64_t /*output_idx*/) override {
     TORCH_INTERNAL_ASSERT(false, "openreg's baddbmm calls CPU's impl() only, which sets no output");
@@ -297,8 +297,8 @@ void mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& ou
   if (blas_addmm(out, out, self, mat2, 0, 1)) {
     return;
   }
-  run_cpu_out_kernel("aten::mm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& host_out, HostCall& call) {
-    at::cpu::mm_out(host_out, call.host(self), call.host(mat2));
+  run_cpu_out_kernel("aten::mm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
+    at::cpu::mm_out(out_alias, call.alias(self), call.alias(mat2));
   });
 }
 
@@ -317,8 +317,8 @@ void addmm_out(
     return;
   }
   run_cpu_out_kernel(
-      "aten::addmm", {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [&](at::Tensor& host_out, HostCall& call) {
-        at::cpu::addmm_out(host_out, call.host(self), call.host(mat1), call.host(mat2), beta, alpha);
+      "aten::addmm", {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
+        at::cpu::addmm_out(out_alias, call.alias(self), call.alias(mat1), call.alias(mat2), beta, alpha);
       });
 }
 
@@ -326,8 +326,8 @@ void bmm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& o
   if (out.numel() == 0 || small_batched_product<true>(out, self, mat2, 0, 1)) {
     return;
   }
-  run_cpu_out_kernel("aten::bmm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& host_out, HostCall& call) {
-    at::cpu::bmm_out(host_out, call.host(self), call.host(mat2));
+  run_cpu_out_kernel("aten::bmm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
+    at::cpu::bmm_out(out_alias, call.alias(self), call.alias(mat2));
   });
 }
 
@@ -344,8 +344,8 @@ void baddbmm_out(
   }
   run_cpu_out_kernel(
       "aten::baddbmm", {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out,
-      [&](at::Tensor& host_out, HostCall& call) {
-        BaddbmmImpl().impl(call.host(self), call.host(batch1), call.host(batch2), beta, alpha, host_out);
+      [&](at::Tensor& out_alias, CpuKernelCall& call) {
+        BaddbmmImpl().impl(call.alias(self), call.alias(batch1), call.alias(batch2), beta, alpha, out_alias);
       });
 }
 

@@ -4,11 +4,11 @@
 // contiguous in that format; this fills the output.
 //
 // CPU's impl copies small contiguous operands with memcpy from their data
-// pointers, which host code cannot dereference on openreg, so openreg has its
+// pointers, which CPU code cannot dereference on openreg, so openreg has its
 // own impl, as CUDA does: the same block copies on kernel addresses, and
 // otherwise, as CPU does then, CPU's copy kernel (copy_stub) on an iterator
 // from each operand to its slice of the output, which converts dtypes and
-// follows strides without a copy_ call per operand. Without the host aliases
+// follows strides without a copy_ call per operand. Without the CPU aliases
 // a CPU kernel needs, a small cat costs what it costs on CPU.
 #include <algorithm>
 #include <cstring>
@@ -20,9 +20,9 @@
 #include <c10/util/accumulate.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegStream.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {

@@ -13,7 +13,7 @@
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegException.h"
-#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegHostAllocator.h"
 #include "aten/OpenRegStream.h"
 
@@ -141,8 +141,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // to its operands). CPU's copy_ is called as a function, not dispatched:
   // the caller's copy_ is the one call the profiler and the trace show, as on
   // CUDA, whose copy_ runs its kernel inside.
-  std::optional<ScopedHostAlias> dst_alias;
-  std::optional<ScopedHostAlias> src_alias;
+  std::optional<ScopedCpuAlias> dst_alias;
+  std::optional<ScopedCpuAlias> src_alias;
   const at::Tensor& to = dst.device().is_privateuseone() ? dst_alias.emplace(dst).get() : dst;
   const at::Tensor& from = self.device().is_privateuseone() ? src_alias.emplace(self).get() : self;
   at::native::copy_(const_cast<at::Tensor&>(to), from);
@@ -158,7 +158,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   join_current_stream(self.device().index());
-  return at::_local_scalar_dense(host_alias(self));
+  return at::_local_scalar_dense(cpu_alias(self));
 }
 
 } // namespace openreg::native

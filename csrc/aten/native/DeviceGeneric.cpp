@@ -3,7 +3,7 @@
 // the CUDA build uses the same function. The openreg kernel is torch's own,
 // and the stubs it reaches have the CPU kernels as openreg kernels
 // (`cpu_kernel: true` in backend_functions.yaml). This is cheaper than running
-// the whole CPU operator on host aliases (`cpu_kernels:`): no alias tensors,
+// the whole CPU operator on CPU aliases (`cpu_kernels:`): no alias tensors,
 // and the output is allocated on the device by the iterator.
 //
 // - abs.out: a unary iterator (real output for complex input), abs_stub.
@@ -30,15 +30,15 @@
 //   order on kernel addresses (uniform_fill, random_fill, Random.cpp), the
 //   order CPU's serial kernels draw in;
 //   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
-//   tensor itself, so the openreg kernels run torch's implementation on a host
+//   tensor itself, so the openreg kernels run torch's implementation on a CPU
 //   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
 //   contiguous floating-point elements, and bernoulli_ of a contiguous tensor
 //   where CPU's kernel is the template, fill them on kernel addresses instead
 //   (normal_fill, bernoulli_fill, Random.cpp); randperm.generator_out
 //   shuffles an int64 or int32 `out` as CPU's kernel does (randperm_fill) and
-//   runs CPU's randperm_out_cpu on a host alias of other ones. These kernels
+//   runs CPU's randperm_out_cpu on a CPU alias of other ones. These kernels
 //   run the CPU kernels with the CPU generator of the openreg generator (or
-//   of the device's default one), as HostCall does for `cpu_kernels`, so the
+//   of the device's default one), as CpuKernelCall does for `cpu_kernels`, so the
 //   stream of numbers is CPU's for the same seed.
 //
 // where_kernel and masked_fill_stub take a bool condition or mask next to
@@ -46,7 +46,7 @@
 // non-CPU device TensorIterator then reports the first input's dtype (bool) as
 // the common dtype, which is not one to cast to, so their openreg kernels only
 // point the iterator at kernel addresses (use_kernel_addresses) and skip the
-// promotion that `cpu_kernel: true` stubs get (CpuStub.h).
+// promotion that `cpu_kernel: true` stubs get (CpuIterator.h).
 #include <ATen/ops/abs_native.h>
 #include <ATen/ops/arange_native.h>
 #include <ATen/ops/bernoulli_native.h>
@@ -72,9 +72,9 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegGenerator.h"
-#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/native/Random.h"
 
 namespace openreg::native {
@@ -147,7 +147,7 @@ void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
 
 namespace {
 // A CPU tensor reaches an openreg kernel of a random operator only through the
-// dispatch key of an openreg generator; say so, as HostCall does.
+// dispatch key of an openreg generator; say so, as CpuKernelCall does.
 void check_on_openreg(const at::Tensor& self, const char* op) {
   TORCH_CHECK(
       self.device().is_privateuseone(), op,
@@ -194,12 +194,12 @@ const at::Generator& prepare_draws(const at::Tensor& self, const std::optional<a
 }
 
 // normal_ and bernoulli_.float: their stubs take the tensor itself rather
-// than an iterator, so torch's implementation runs on a host alias of `self`
+// than an iterator, so torch's implementation runs on a CPU alias of `self`
 // (CPU's checks, then the CPU stub), with the openreg generator's CPU state.
 template <typename Impl>
-at::Tensor& on_host_alias(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Impl&& impl) {
+at::Tensor& on_cpu_alias(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Impl&& impl) {
   const at::Generator& cpu = prepare_draws(self, generator, op);
-  ScopedHostAlias alias(self);
+  ScopedCpuAlias alias(self);
   impl(alias.get(), cpu);
   return self;
 }
@@ -211,17 +211,17 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
     normal_fill(self, mean, std, prepare_draws(self, generator, "aten::normal_").get<at::CPUGeneratorImpl>());
     return self;
   }
-  return on_host_alias(self, generator, "aten::normal_", [&](at::Tensor& host, const at::Generator& cpu) {
-    at::native::normal_(host, mean, std, cpu);
+  return on_cpu_alias(self, generator, "aten::normal_", [&](at::Tensor& alias, const at::Generator& cpu) {
+    at::native::normal_(alias, mean, std, cpu);
   });
 }
 
 // randperm.generator_out, drawing from the openreg generator's CPU state.
 // `out` gets its size on the device first; an int64 or int32 `out` is then
 // shuffled in place as CPU's kernel does (randperm_fill), which spares two
-// resize_ calls and a host alias. Other dtypes, and a negative n, which
+// resize_ calls and a CPU alias. Other dtypes, and a negative n, which
 // reaches CPU's check, take CPU's randperm_out_cpu (its checks, then the
-// shuffle) on a host alias of `out`, which it never needs to resize.
+// shuffle) on a CPU alias of `out`, which it never needs to resize.
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::Tensor& out) {
   const at::Generator& cpu = prepare_draws(out, generator, "aten::randperm");
   if (n >= 0 && (out.dim() != 1 || out.size(0) != n)) {
@@ -231,7 +231,7 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::
     randperm_fill(out, n, cpu.get<at::CPUGeneratorImpl>());
     return out;
   }
-  ScopedHostAlias alias(out);
+  ScopedCpuAlias alias(out);
   at::native::randperm_out_cpu(n, cpu, alias.get());
   return out;
 }
@@ -242,8 +242,8 @@ at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Genera
     bernoulli_fill(self, p, prepare_draws(self, generator, "aten::bernoulli_").get<at::CPUGeneratorImpl>());
     return self;
   }
-  return on_host_alias(self, generator, "aten::bernoulli_", [&](at::Tensor& host, const at::Generator& cpu) {
-    at::native::bernoulli_(host, p, cpu);
+  return on_cpu_alias(self, generator, "aten::bernoulli_", [&](at::Tensor& alias, const at::Generator& cpu) {
+    at::native::bernoulli_(alias, p, cpu);
   });
 }
 

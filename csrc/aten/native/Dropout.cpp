@@ -30,7 +30,7 @@
 #include <ATen/ops/native_dropout_native.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 
 namespace openreg::native {
 namespace {

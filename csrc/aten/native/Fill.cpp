@@ -11,7 +11,7 @@
 #include <ATen/ops/fill_native.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
@@ -23,9 +23,9 @@ namespace {
 // A small dense tensor (its elements fill one block of memory) filled with
 // std::fill_n of `value.to<scalar_t>()`, the value CPU's fill kernel writes
 // (with the same error for a value the dtype cannot hold). Building the
-// iterator CPU's fill_ builds cost about 0.1 us more than CPU's whole fill_
-// on 16 elements. False (nothing done) for other tensors; `self` has a
-// plain_dtype.
+// iterator CPU's fill_ builds cost more than CPU's whole fill_ on a small
+// tensor (docs/performance.md). False (nothing done) for other tensors;
+// `self` has a plain_dtype.
 bool fill_dense(at::Tensor& self, const at::Scalar& value) {
   const int64_t n = self.numel();
   if (n == 0 || n >= at::internal::GRAIN_SIZE || !self.is_non_overlapping_and_dense() || self.is_conj() ||

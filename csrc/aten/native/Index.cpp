@@ -25,9 +25,9 @@
 #include <c10/util/accumulate.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegStream.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
@@ -57,14 +57,14 @@ at::Tensor& index_put_impl_(
   }
   // For these, torch's implementation sorts the indices on devices other than
   // CPU, through a stub CPU has no kernel for (index_put_with_sort_stub);
-  // CPU's own kernel accumulates serially. It runs on host aliases.
-  HostCall call("aten::_index_put_impl_", /*accepts_cpu_tensors=*/true);
+  // CPU's own kernel accumulates serially. It runs on CPU aliases.
+  CpuKernelCall call("aten::_index_put_impl_", /*accepts_cpu_tensors=*/true);
   call.note(self, "self", /*written=*/true);
   call.note(indices, "indices");
   call.note(values, "values");
   call.begin();
-  at::Tensor host_self = call.written(self);
-  at::cpu::_index_put_impl_(host_self, call.host(indices), call.host(values), accumulate, unsafe);
+  at::Tensor self_alias = call.written(self);
+  at::cpu::_index_put_impl_(self_alias, call.alias(indices), call.alias(values), accumulate, unsafe);
   call.finish();
   return self;
 }
@@ -105,10 +105,10 @@ void copy_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, c
   });
 }
 
-at::Tensor& index_select_on_host(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+at::Tensor& index_select_on_cpu_alias(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
   run_cpu_out_kernel(
-      "aten::index_select.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& host_out, HostCall& call) {
-        at::cpu::index_select_out(host_out, call.host(self), dim, call.host(index));
+      "aten::index_select.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
+        at::cpu::index_select_out(out_alias, call.alias(self), dim, call.alias(index));
       });
   return out;
 }
@@ -118,7 +118,7 @@ at::Tensor& index_select_on_host(const at::Tensor& self, int64_t dim, const at::
 at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   if (self.dim() == 0 || index.dim() > 1) {
     at::Tensor out = at::empty({0}, self.options());
-    return index_select_on_host(self, dim, index, out); // CPU's kernel: a scalar, or its error
+    return index_select_on_cpu_alias(self, dim, index, out); // CPU's kernel: a scalar, or its error
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   std::vector<int64_t> sizes = self.sizes().vec();
@@ -130,7 +130,7 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
     copy_blocks(self, d, index, out);
     return out;
   }
-  return index_select_on_host(self, dim, index, out);
+  return index_select_on_cpu_alias(self, dim, index, out);
 }
 
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
@@ -144,7 +144,7 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
       return out;
     }
   }
-  return index_select_on_host(self, dim, index, out);
+  return index_select_on_cpu_alias(self, dim, index, out);
 }
 
 } // namespace openreg::native

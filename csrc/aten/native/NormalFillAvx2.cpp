@@ -10,7 +10,7 @@
 // The extension is built for baseline x86-64, so only this file's functions
 // are compiled for AVX2 and FMA (the flags of torch's AVX2 kernels), with
 // GCC's target pragma; with other compilers there is no such function, and
-// normal_ runs CPU's kernel on a host alias. The file includes nothing but the
+// normal_ runs CPU's kernel on a CPU alias. The file includes nothing but the
 // intrinsics and avx_mathfun.h: inline functions of other headers, compiled
 // here for AVX2, could otherwise be the copy the linker keeps for the whole
 // library. avx_mathfun.h's functions are hidden, so no other library resolves

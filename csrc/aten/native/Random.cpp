@@ -28,7 +28,7 @@
 // the header's scalar NormalFill16, or for float lanes on AVX2 and AVX-512
 // machines the AVX2 one (NormalFillAvx2.cpp). normal_fill and bernoulli_fill
 // check once, on 4096 values, that they give CPU's numbers (fills_like_cpu);
-// where they do not, DeviceGeneric.cpp keeps CPU's kernel on a host alias.
+// where they do not, DeviceGeneric.cpp keeps CPU's kernel on a CPU alias.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
@@ -48,7 +48,7 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegGenerator.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 #include "aten/native/NormalFillAvx2.h"
 #include "aten/native/Random.h"
 #include "runtime/OpenRegRuntime.h"

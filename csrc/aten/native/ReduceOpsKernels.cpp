@@ -7,13 +7,13 @@
 #include <ATen/ops/sum.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
 
 namespace openreg::native {
 
 // max.dim's structured impl calls max_stub with tensors rather than an
-// iterator; torch's CPU kernel builds its own iterator over host aliases of
+// iterator; torch's CPU kernel builds its own iterator over CPU aliases of
 // the device tensors. The operands all have the same dtype, so no promotion
 // is needed.
 void max_kernel(
@@ -23,10 +23,10 @@ void max_kernel(
     int64_t dim,
     bool keepdim) {
   join_current_stream(self.device().index());
-  ScopedHostAlias host_values(values);
-  ScopedHostAlias host_indices(indices);
-  ScopedHostAlias host_self(self);
-  at::native::max_stub(c10::DeviceType::CPU, host_values.get(), host_indices.get(), host_self.get(), dim, keepdim);
+  ScopedCpuAlias values_alias(values);
+  ScopedCpuAlias indices_alias(indices);
+  ScopedCpuAlias self_alias(self);
+  at::native::max_stub(c10::DeviceType::CPU, values_alias.get(), indices_alias.get(), self_alias.get(), dim, keepdim);
 }
 
 // sum's impl() (`structured: impl: sum_out`): CPU's (ReduceOps.cpp,

@@ -13,10 +13,10 @@
 // order. Every index is checked before anything is written; if one is out of
 // bounds, CPU's kernel runs so that its error names the index CPU finds first.
 //
-// Every other case runs CPU's own kernel on host aliases (HostCall): larger
+// Every other case runs CPU's own kernel on CPU aliases (CpuKernelCall): larger
 // operands (CPU's kernel parallelizes), dtypes CPU's kernel may not support
 // (its error then), 0-dim operands, an out= that partly overlaps `self`, or
-// operands on other devices (HostCall raises as for CUDA).
+// operands on other devices (CpuKernelCall raises as for CUDA).
 #include <cstring>
 
 #include <ATen/MemoryOverlap.h>
@@ -28,7 +28,7 @@
 #include <c10/util/complex.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -219,8 +219,8 @@ void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bo
     return;
   }
   run_cpu_out_kernel(
-      "aten::gather.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& host_out, HostCall& call) {
-        at::cpu::gather_outf(call.host(self), dim, call.host(index), sparse_grad, host_out);
+      "aten::gather.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
+        at::cpu::gather_outf(call.alias(self), dim, call.alias(index), sparse_grad, out_alias);
       });
 }
 
@@ -238,8 +238,8 @@ void scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& inde
     return;
   }
   run_cpu_out_kernel("aten::scatter.src_out", {{&self, "self"}, {&index, "index"}, {&src, "src"}}, out,
-                     [&](at::Tensor& host_out, HostCall& call) {
-                       at::cpu::scatter_outf(call.host(self), dim, call.host(index), call.host(src), host_out);
+                     [&](at::Tensor& out_alias, CpuKernelCall& call) {
+                       at::cpu::scatter_outf(call.alias(self), dim, call.alias(index), call.alias(src), out_alias);
                      });
 }
 
@@ -258,8 +258,8 @@ void scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
     return;
   }
   run_cpu_out_kernel("aten::scatter.value_out", {{&self, "self"}, {&index, "index"}}, out,
-                     [&](at::Tensor& host_out, HostCall& call) {
-                       at::cpu::scatter_outf(call.host(self), dim, call.host(index), value, host_out);
+                     [&](at::Tensor& out_alias, CpuKernelCall& call) {
+                       at::cpu::scatter_outf(call.alias(self), dim, call.alias(index), value, out_alias);
                      });
 }
 

@@ -2,7 +2,7 @@
 // Do not edit: change the yaml and rebuild.
 //
 // Operators whose own CPU kernel runs on CPU aliases of the device memory (the
-// yaml's `cpu_kernels`, route `cpu_kernel`): see aten/OpenRegHostCall.h.
+// yaml's `cpu_kernels`, route `cpu_kernel`): see aten/OpenRegCpuKernelCall.h.
 #include <tuple>
 
 #include <torch/library.h>
@@ -13,7 +13,7 @@
 #include <ATen/ops/sort_cpu_dispatch.h>
 #include <ATen/ops/uniform_cpu_dispatch.h>
 
-#include "aten/OpenRegHostCall.h"
+#include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegTrace.h"
 
 namespace at {
@@ -22,10 +22,10 @@ namespace {
 // cat(Tensor[] tensors, int dim=0) -> Tensor
 at::Tensor wrapper_PrivateUse1_cat(const at::ITensorListRef & tensors, int64_t dim) {
   const ::openreg::trace::Scope trace_scope("aten::cat", ::openreg::Route::CpuKernel, "at::cpu::cat");
-  ::openreg::HostCall call("aten::cat", /*accepts_cpu_tensors=*/false);
+  ::openreg::CpuKernelCall call("aten::cat", /*accepts_cpu_tensors=*/false);
   call.note(tensors, "tensors");
   call.begin();
-  auto result = at::cpu::cat(call.host(tensors), dim);
+  auto result = at::cpu::cat(call.alias(tensors), dim);
   call.finish();
   return call.result(std::move(result));
 }
@@ -33,14 +33,14 @@ at::Tensor wrapper_PrivateUse1_cat(const at::ITensorListRef & tensors, int64_t d
 // sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)
 ::std::tuple<at::Tensor &,at::Tensor &> wrapper_PrivateUse1_sort_values_stable(const at::Tensor & self, ::std::optional<bool> stable, int64_t dim, bool descending, at::Tensor & values, at::Tensor & indices) {
   const ::openreg::trace::Scope trace_scope("aten::sort.values_stable", ::openreg::Route::CpuKernel, "at::cpu::sort_outf");
-  ::openreg::HostCall call("aten::sort.values_stable", /*accepts_cpu_tensors=*/false);
+  ::openreg::CpuKernelCall call("aten::sort.values_stable", /*accepts_cpu_tensors=*/false);
   call.note(self, "self");
   call.note(values, "values", /*written=*/true);
   call.note(indices, "indices", /*written=*/true);
   call.begin();
-  at::Tensor values_host = call.written(values);
-  at::Tensor indices_host = call.written(indices);
-  at::cpu::sort_outf(call.host(self), stable, dim, descending, values_host, indices_host);
+  at::Tensor values_alias = call.written(values);
+  at::Tensor indices_alias = call.written(indices);
+  at::cpu::sort_outf(call.alias(self), stable, dim, descending, values_alias, indices_alias);
   call.finish();
   return std::forward_as_tuple(values, indices);
 }
@@ -48,12 +48,12 @@ at::Tensor wrapper_PrivateUse1_cat(const at::ITensorListRef & tensors, int64_t d
 // uniform_(Tensor(a!) self, float from=0, float to=1, *, Generator? generator=None) -> Tensor(a!)
 at::Tensor & wrapper_PrivateUse1_uniform_(at::Tensor & self, double from, double to, ::std::optional<at::Generator> generator) {
   const ::openreg::trace::Scope trace_scope("aten::uniform_", ::openreg::Route::CpuKernel, "at::cpu::uniform_");
-  ::openreg::HostCall call("aten::uniform_", /*accepts_cpu_tensors=*/false);
+  ::openreg::CpuKernelCall call("aten::uniform_", /*accepts_cpu_tensors=*/false);
   call.note(self, "self", /*written=*/true);
   call.note(generator, "generator");
   call.begin();
-  at::Tensor self_host = call.written(self);
-  at::cpu::uniform_(self_host, from, to, call.generator(generator));
+  at::Tensor self_alias = call.written(self);
+  at::cpu::uniform_(self_alias, from, to, call.generator(generator));
   call.finish();
   return self;
 }
@@ -61,11 +61,11 @@ at::Tensor & wrapper_PrivateUse1_uniform_(at::Tensor & self, double from, double
 // index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
 at::Tensor wrapper_PrivateUse1_index_Tensor(const at::Tensor & self, const c10::List<::std::optional<at::Tensor>> & indices) {
   const ::openreg::trace::Scope trace_scope("aten::index.Tensor", ::openreg::Route::CpuKernel, "at::cpu::index");
-  ::openreg::HostCall call("aten::index.Tensor", /*accepts_cpu_tensors=*/true);
+  ::openreg::CpuKernelCall call("aten::index.Tensor", /*accepts_cpu_tensors=*/true);
   call.note(self, "self");
   call.note(indices, "indices");
   call.begin();
-  auto result = at::cpu::index(call.host(self), call.host(indices));
+  auto result = at::cpu::index(call.alias(self), call.alias(indices));
   call.finish();
   return call.result(std::move(result));
 }
@@ -73,7 +73,7 @@ at::Tensor wrapper_PrivateUse1_index_Tensor(const at::Tensor & self, const c10::
 // randperm.generator(SymInt n, *, Generator? generator, ScalarType? dtype=long, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
 at::Tensor wrapper_PrivateUse1_randperm_generator(c10::SymInt n, ::std::optional<at::Generator> generator, ::std::optional<at::ScalarType> dtype, ::std::optional<at::Layout> layout, ::std::optional<at::Device> device, ::std::optional<bool> pin_memory) {
   const ::openreg::trace::Scope trace_scope("aten::randperm.generator", ::openreg::Route::CpuKernel, "at::compositeexplicitautograd::randperm_symint");
-  ::openreg::HostCall call("aten::randperm.generator", /*accepts_cpu_tensors=*/false);
+  ::openreg::CpuKernelCall call("aten::randperm.generator", /*accepts_cpu_tensors=*/false);
   call.note(generator, "generator");
   call.note(device, "device");
   call.begin();

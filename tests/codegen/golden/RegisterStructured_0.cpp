@@ -12,7 +12,7 @@
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStructured.h"
 #include "aten/OpenRegTrace.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 
 namespace at {
 namespace {

@@ -13,7 +13,7 @@
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegStructured.h"
 #include "aten/OpenRegTrace.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 
 namespace at {
 namespace {
@@ -26,7 +26,7 @@ at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bo
   ::openreg::structured::FunctionalOp<at::native::structured_softmax_cpu_out, 1, false> op;
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
-  ::demo::native::HostImplOperands<2> aliases(op.outputs_[0]);
+  ::openreg::structured::CpuImplOperands<2> aliases(op.outputs_[0]);
   op.impl(aliases(self), dim, half_to_float, aliases(op.outputs_[0]));
   aliases.check_kept("aten::_softmax");
   return std::move(op.outputs_[0]);
@@ -41,7 +41,7 @@ at::Tensor & wrapper_PrivateUse1__softmax_out(const at::Tensor & self, int64_t d
   ::openreg::structured::OutOp<at::native::structured_softmax_cpu_out, 1, false> op(out);
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
-  ::demo::native::HostImplOperands<2> aliases(op.maybe_get_output(0));
+  ::openreg::structured::CpuImplOperands<2> aliases(op.maybe_get_output(0));
   op.impl(aliases(self), dim, half_to_float, aliases(op.maybe_get_output(0)));
   aliases.check_kept("aten::_softmax.out");
   op.copy_back();

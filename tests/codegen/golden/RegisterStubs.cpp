@@ -29,7 +29,7 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegTrace.h"
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 
 namespace at::native {
 constexpr ::openreg::trace::Site neg_stub_site{"neg_stub", ::openreg::Route::StubKernel, "demo::native::neg_kernel"};

@@ -1,15 +1,15 @@
-// One call of a CPU kernel on openreg tensors.
+// One call of a CPU kernel on CPU aliases of openreg operands.
 //
-// The simulated device's memory is host memory, so torch's CPU kernel of an
-// operator can run on it directly: each openreg operand is replaced by a host
-// alias (OpenRegHostAlias.h), the CPU kernel runs, and its results come back as
+// The simulated device's memory is the process's memory, so torch's CPU kernel
+// of an operator can run on it directly: each openreg operand is replaced by a
+// CPU alias (OpenRegCpuAlias.h), the CPU kernel runs, and its results come back as
 // openreg tensors without a copy. Two users:
 // - the wrappers that backend_functions.yaml's `cpu_kernels` section generates
 //   (unboxed: the codegen knows every argument's type);
 // - the boxed CPU fallback (OpenRegFallback.cpp) for every other operator,
 //   and its nested counterpart for nested tensors of the strided layout.
 //
-// A nested openreg operand's host alias is a NestedTensorCPU tensor with its
+// A nested openreg operand's CPU alias is a NestedTensorCPU tensor with its
 // nested sizes, strides and offsets over the same bytes; a nested CPU result
 // comes back as a nested openreg tensor (its metadata tensors in CPU memory,
 // as torch keeps them for every device). A Device argument naming the CPU
@@ -23,7 +23,7 @@
 //   2. begin(): a device guard, the kernel ordered after the current stream's
 //      work, and CPU allocations redirected to the device's memory until
 //      finish(), so fresh results are already device memory;
-//   3. host() / written() / device() / generator() give the CPU kernel its
+//   3. alias() / written() / device() / generator() give the CPU kernel its
 //      arguments; after it ran, finish() updates the written operands (an out=
 //      the CPU kernel resized) and result() turns each result into an openreg
 //      tensor: an operand itself, a view of an operand's memory, or fresh
@@ -45,20 +45,20 @@
 #include <c10/util/MaybeOwned.h>
 #include <c10/util/SmallVector.h>
 
-#include "OpenRegHostAlias.h"
+#include "OpenRegCpuAlias.h"
 
 namespace openreg {
 
-// Host aliases of a tensor list for one kernel call, borrowed from the
-// HostCall that owns them (no reference counting to pass them).
-class HostTensors {
+// CPU aliases of a tensor list for one kernel call, borrowed from the
+// CpuKernelCall that owns them (no reference counting to pass them).
+class CpuAliasList {
  public:
-  HostTensors() = default;
-  HostTensors(HostTensors&& other) noexcept = default;
-  HostTensors(const HostTensors&) = delete;
-  HostTensors& operator=(const HostTensors&) = delete;
-  HostTensors& operator=(HostTensors&&) = delete;
-  ~HostTensors() {
+  CpuAliasList() = default;
+  CpuAliasList(CpuAliasList&& other) noexcept = default;
+  CpuAliasList(const CpuAliasList&) = delete;
+  CpuAliasList& operator=(const CpuAliasList&) = delete;
+  CpuAliasList& operator=(CpuAliasList&&) = delete;
+  ~CpuAliasList() {
     for (at::Tensor& t : tensors_) {
       c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(t);
     }
@@ -77,7 +77,7 @@ class HostTensors {
   std::vector<at::Tensor> tensors_;
 };
 
-// The error HostCall raises for operands on two devices (of one argument, a
+// The error CpuKernelCall raises for operands on two devices (of one argument, a
 // list, when the names are equal), for kernels that check their operands
 // themselves.
 [[noreturn]] void raise_two_devices(
@@ -87,16 +87,16 @@ class HostTensors {
     c10::Device second,
     const char* second_argument);
 
-class HostCall {
+class CpuKernelCall {
  public:
   // `op` names the operator in error messages ("aten::mm"); CPU tensors of any
   // shape are accepted only when `accepts_cpu_tensors` (indices for indexing,
   // as on CUDA), otherwise only 0-dim ones that are not written.
-  explicit HostCall(const char* op, bool accepts_cpu_tensors = false);
-  HostCall(const c10::OperatorName& op, bool accepts_cpu_tensors);
-  HostCall(const HostCall&) = delete;
-  HostCall& operator=(const HostCall&) = delete;
-  ~HostCall();
+  explicit CpuKernelCall(const char* op, bool accepts_cpu_tensors = false);
+  CpuKernelCall(const c10::OperatorName& op, bool accepts_cpu_tensors);
+  CpuKernelCall(const CpuKernelCall&) = delete;
+  CpuKernelCall& operator=(const CpuKernelCall&) = delete;
+  ~CpuKernelCall();
 
   // Step 1.
   void note(const at::Tensor& t, const char* argument, bool written = false);
@@ -115,14 +115,14 @@ class HostCall {
   // Step 2.
   void begin();
 
-  // Step 3: the CPU kernel's arguments. host()'s references and lists stay
-  // valid until the HostCall ends.
-  const at::Tensor& host(const at::Tensor& t);
+  // Step 3: the CPU kernel's arguments. alias()'s references and lists stay
+  // valid until the CpuKernelCall ends.
+  const at::Tensor& alias(const at::Tensor& t);
   at::Tensor written(const at::Tensor& t);
-  std::optional<at::Tensor> host(const std::optional<at::Tensor>& t);
-  HostTensors host(at::ITensorListRef tensors);
-  const c10::List<std::optional<at::Tensor>>& host(const c10::List<std::optional<at::Tensor>>& tensors);
-  c10::Storage host(const c10::Storage& storage);
+  std::optional<at::Tensor> alias(const std::optional<at::Tensor>& t);
+  CpuAliasList alias(at::ITensorListRef tensors);
+  const c10::List<std::optional<at::Tensor>>& alias(const c10::List<std::optional<at::Tensor>>& tensors);
+  c10::Storage alias(const c10::Storage& storage);
   std::optional<at::Device> device(const std::optional<at::Device>& device) const;
   // The openreg generator's CPU generator; with none given, the device's
   // default generator (CPU kernels would otherwise draw from CPU's).
@@ -146,7 +146,7 @@ class HostCall {
   // device storage owned here.
   struct Fresh {
     c10::StorageImpl* device_storage_impl;
-    c10::StorageImpl* host_storage_impl;
+    c10::StorageImpl* cpu_storage_impl;
     c10::Storage device_storage; // a copied result's
   };
   struct Written {
@@ -154,40 +154,20 @@ class HostCall {
     at::Tensor alias;
   };
 
-  // An operand and its host alias. The first operand on a device storage
-  // makes its host storage (operand_alias); later ones on the same storage
-  // share it, so operands that share memory still share it on the host, and
-  // results can be traced back to their operand.
-  struct Operand {
-    at::Tensor alias;
-    c10::MaybeOwned<at::Tensor> device;
-    c10::StorageImpl* device_storage;
-    bool first_on_storage;
-    // The alias came from operand_alias (and may go back to its pool); a
-    // nested operand's alias owns a reference to the device storage instead
-    // (host_alias_storage), as the pool keeps dense aliases only.
-    bool pooled = true;
-  };
+  // An operand's CPU alias (CpuAliases), and the operand, borrowed when the
+  // caller's reference outlives the call (keep()).
+  using Operands = CpuAliases<6, c10::MaybeOwned<at::Tensor>>;
+  using Operand = Operands::Entry;
 
   std::string op_name() const;
   void note_device(c10::Device device, const char* argument);
-  Operand& add_operand(Operand&& operand);
-  const at::Tensor& host(const at::Tensor& t, bool borrow);
+  const at::Tensor& alias(const at::Tensor& t, bool borrow);
   // For result(): an openreg tensor for the CPU kernel's `t`, or nothing when
   // `t` itself is the answer (not a CPU tensor, or adopted in place).
   std::optional<at::Tensor> converted(const at::Tensor& t);
   // converted() for a nested tensor of the strided layout.
   at::Tensor converted_nested(const at::Tensor& t);
-  c10::Storage fresh_device_storage(c10::StorageImpl* host, std::optional<c10::DataPtr> device_memory);
-  template <class F>
-  void for_each_operand(F&& f) {
-    for (Operand& o : operands_) {
-      f(o);
-    }
-    for (Operand& o : more_operands_) {
-      f(o);
-    }
-  }
+  c10::Storage fresh_device_storage(c10::StorageImpl* cpu, std::optional<c10::DataPtr> device_memory);
   // An operand of the caller's: borrowed when the caller's reference outlives
   // the call (an unboxed wrapper's arguments), which spares reference counting
   // on tensors that Python also holds (each count change from 1 to 2 and back
@@ -197,17 +177,10 @@ class HostCall {
   }
   void write_back(const Written& w);
 
-  HostAliasPool& pool() {
-    if (pool_ == nullptr) {
-      pool_ = &host_alias_pool();
-    }
-    return *pool_;
-  }
-
   const char* op_ = nullptr;
   const c10::OperatorName* op_name_ = nullptr; // instead of op_ (the fallback)
   const bool accepts_cpu_tensors_;
-  // The fallback replaces its stack's tensors by their aliases, so HostCall
+  // The fallback replaces its stack's tensors by their aliases, so CpuKernelCall
   // owns its operands there; generated wrappers' arguments outlive the call.
   const bool borrows_operands_;
   std::optional<c10::Device> device_;
@@ -219,8 +192,7 @@ class HostCall {
   bool openreg_generator_ = false;
   bool other_generator_ = false;
   std::optional<c10::DeviceGuard> guard_;
-  HostAliasPool* pool_ = nullptr; // this thread's, fetched at the first host alias
-  // host()'s lists of optional tensors: the first is this thread's spare list
+  // alias()'s lists of optional tensors: the first is this thread's spare list
   // when no other call on the thread uses it (making a c10::List allocates it
   // and copies its element type, a shared_ptr), the others are made here.
   struct SpareList* spare_list_ = nullptr;
@@ -231,17 +203,14 @@ class HostCall {
   c10::SmallVector<Written, 2> written_;
   // One alias per operand, so an operand passed twice (self and out= of an
   // in-place op) is one tensor for the CPU kernel too, and a result that is
-  // an operand itself returns as that operand. host() returns references to
-  // them, so they never move: operands_ stays within its inline capacity and
-  // the rest go to a list.
-  static constexpr size_t kInlineOperands = 6;
-  c10::SmallVector<Operand, kInlineOperands> operands_;
-  std::list<Operand> more_operands_;
+  // an operand itself returns as that operand. alias() returns references to
+  // them: they never move.
+  Operands operands_;
 };
 
-// CPU's out= kernel on host aliases, for what an openreg kernel leaves to it:
-// `kernel(host_out, call)` gets the alias of `out` and reaches the aliases of
-// `inputs` through call.host(). The inputs are checked as HostCall checks them
+// CPU's out= kernel on CPU aliases, for what an openreg kernel leaves to it:
+// `kernel(out_alias, call)` gets the alias of `out` and reaches the aliases of
+// `inputs` through call.alias(). The inputs are checked as CpuKernelCall checks them
 // (named in errors as given).
 template <typename Kernel>
 void run_cpu_out_kernel(
@@ -249,14 +218,14 @@ void run_cpu_out_kernel(
     std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs,
     const at::Tensor& out,
     Kernel&& kernel) {
-  HostCall call(op);
+  CpuKernelCall call(op);
   for (const auto& [tensor, name] : inputs) {
     call.note(*tensor, name);
   }
   call.note(out, "out", /*written=*/true);
   call.begin();
-  at::Tensor host_out = call.written(out);
-  kernel(host_out, call);
+  at::Tensor out_alias = call.written(out);
+  kernel(out_alias, call);
   call.finish();
 }
 

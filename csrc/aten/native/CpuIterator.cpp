@@ -1,4 +1,4 @@
-#include "aten/native/CpuStub.h"
+#include "aten/native/CpuIterator.h"
 
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
@@ -6,7 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
-#include "aten/OpenRegHostAlias.h"
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -48,8 +48,8 @@ at::Tensor cast_over_reach(const at::Tensor& t, at::ScalarType dtype) {
 // `dtype` into CPU memory with t's strides: one conversion loop over the
 // block, with c10::convert, the conversion CPU's copy_ kernel applies. CPU's
 // own TensorIterator casts such an operand with to(), an allocation through
-// the dispatcher and a copy_ iterator: about 0.7 us of the 2 us `x * bool_mask`
-// takes on 16 elements (docs/performance.md). Undefined for other dtypes.
+// the dispatcher and a copy_ iterator, a large part of what `x * bool_mask`
+// costs on 16 elements (docs/performance.md). Undefined for other dtypes.
 at::Tensor cast_dense(const at::TensorBase& t, at::ScalarType dtype) {
   // From half, CPU's copy_ converts with F16C instructions, which give NaN
   // other bits than c10::convert (the bit test in tests/test_structured.py).
@@ -84,9 +84,9 @@ at::Tensor cast_dense(const at::TensorBase& t, at::ScalarType dtype) {
 // the fresh memory spans every element t can reach, so broadcast (zero-stride)
 // operands stay cheap.
 //
-// A small input, which the kernel only reads, is cast into host memory from a
+// A small input, which the kernel only reads, is cast into CPU memory from a
 // recycled alias, sparing a device allocation and a trip through openreg's
-// copy_ (about 1 us of 3 for `x * mask` on 16 elements); large ones stay on
+// copy_, a large part of a small mixed-dtype call; large ones stay on
 // the device, whose caching allocator keeps their blocks. The alias is read
 // after the work queued on the stream.
 at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype, bool copy) {
@@ -108,7 +108,7 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
     }
   }
   if (t.device().is_privateuseone() && small) {
-    ScopedHostAlias source(t);
+    ScopedCpuAlias source(t);
     return dense ? source.get().to(dtype) : cast_over_reach(source.get(), dtype);
   }
   return dense ? at::Tensor(t).to(dtype) : cast_over_reach(at::Tensor(t), dtype);
@@ -117,14 +117,14 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 // Points every operand at kernel addresses and, when a reduction iterator is
 // large enough for CPU's parallel paths (TensorIteratorReduce.cpp: two-pass
 // and per-thread reductions, from GRAIN_SIZE elements), gives its operands on
-// openreg to `exchange(op, arg)`, which gives the CPU kernel host aliases as
+// openreg to `exchange(op, arg)`, which gives the CPU kernel CPU aliases as
 // their tensors: those paths build new iterators from the tensors (and
 // allocate per-thread buffers like the output) and would read device
 // addresses. Below that, the reduction kernels bound here (sum, prod, and,
 // or, argmax, argmin, max_values, min_values) read and write through the
 // iterator's data pointers only; the one tensor method they call,
 // `iter.output_base().fill_(identity)`, runs openreg's fill_ on the output,
-// which costs less than a host alias and CPU's fill_ (docs/performance.md).
+// which costs less than a CPU alias and CPU's fill_ (docs/performance.md).
 // Translating twice (a structured wrapper's prepare_structured_impl, then the
 // stub kernel impl() reached) changes nothing.
 template <class Exchange>
@@ -154,19 +154,16 @@ void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
 
 void use_kernel_addresses(at::TensorIteratorBase& iter) {
   translate(iter, [](at::OperandInfo& op, int64_t /*arg*/) {
-    op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(host_alias(at::Tensor(op.tensor_base()))));
+    op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(cpu_alias(at::Tensor(op.tensor_base()))));
   });
 }
 
 AsCpuIterator::AsCpuIterator(at::TensorIteratorBase& iter) : iter_(iter) {
   promote(iter);
   translate(iter, [&](at::OperandInfo& op, int64_t arg) {
-    if (pool_ == nullptr) {
-      pool_ = &host_alias_pool();
-    }
-    c10::StorageImpl* device_storage = op.tensor_base().storage().unsafeGetStorageImpl();
-    op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(operand_alias(op.tensor_base(), *pool_)));
-    exchanged_.push_back(Exchanged{arg, device_storage});
+    const at::Tensor& alias = aliases_.get(op.tensor_base()).first->alias;
+    op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::borrowed(alias));
+    exchanged_.push_back(arg);
   });
 }
 
@@ -177,13 +174,11 @@ AsCpuIterator::~AsCpuIterator() {
 // The iterator gets its device tensors back (a later stub on the same
 // iterator exchanges them again), and the aliases end.
 void AsCpuIterator::restore_operands() {
-  for (auto it = exchanged_.rbegin(); it != exchanged_.rend(); ++it) {
-    at::OperandInfo& op = IteratorAccess::operand(iter_, it->arg);
-    at::Tensor alias(op.tensor_base());
-    op.restore_original_tensor();
-    end_operand_alias(std::move(alias), it->device_storage, *pool_);
+  for (const int64_t arg : exchanged_) {
+    IteratorAccess::operand(iter_, arg).restore_original_tensor();
   }
   exchanged_.clear();
+  aliases_.end();
 }
 
 void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
@@ -221,12 +216,12 @@ void AsCpuIterator::promote(at::TensorIteratorBase& iter) {
         // (TensorIteratorBase::original_scalar_value: add_kernel, mul_kernel,
         // div_true_kernel, ... when the common dtype is BFloat16 or Half and
         // the operand is a scalar, iter.is_scalar), so the original must be
-        // host-readable: exchange for a host alias first,
+        // CPU-readable: exchange for a CPU alias first,
         // and the second exchange keeps that alias as the original. (The
         // reduction branch of use_kernel_addresses exchanges a second time too;
         // OperandInfo::exchange_tensor checks for a first exchange only in
         // debug builds of torch.)
-        op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(host_alias(at::Tensor(op.tensor_base()))));
+        op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(cpu_alias(at::Tensor(op.tensor_base()))));
       }
       op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(promoted)));
     }

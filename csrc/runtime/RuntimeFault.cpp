@@ -1,7 +1,7 @@
 // The fault handler that turns a host dereference of device memory into a
 // message naming openreg and the allocation, instead of a bare segfault.
 //
-// Device addresses are mapped PROT_NONE (OpenRegMemory.cpp), so the access
+// Device addresses are mapped PROT_NONE (RuntimeMemory.cpp), so the access
 // raises SIGSEGV with si_addr inside the device region. The handler prints,
 // restores the handler that was installed before it (Python's faulthandler,
 // if enabled, then prints the Python traceback) and returns, so the faulting

@@ -1,4 +1,4 @@
-#include "OpenRegHostAlias.h"
+#include "OpenRegCpuAlias.h"
 
 #include <array>
 #include <cstring>
@@ -25,24 +25,24 @@ void release_device_storage(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
-// Device memory handed out as host-visible CPU DataPtrs (allocate_host_visible),
-// by kernel address. The CPU DataPtrs have their data as context, as
+// The registry of CPU-visible device memory (allocate_cpu_visible), by kernel
+// address. The CPU DataPtrs have their data as context, as
 // Allocator::raw_allocate requires (mkldnn and others allocate raw memory
-// through the CPU allocator while a HostCall redirects it). Entries live from
+// through the CPU allocator while a CpuKernelCall redirects it). Entries live from
 // a kernel's allocation to its result's adoption (or the kernel freeing a
 // temporary), so there are few: a flat list, searched from its newest end.
-struct HostVisible {
+struct CpuVisibleRegistry {
   SpinLock lock;
   std::vector<std::pair<void*, c10::DataPtr>> memory;
 };
 
-HostVisible& host_visible() {
-  static auto* registry = new HostVisible(); // leaked: deleters may run at exit
+CpuVisibleRegistry& cpu_visible() {
+  static auto* registry = new CpuVisibleRegistry(); // leaked: deleters may run at exit
   return *registry;
 }
 
-std::optional<c10::DataPtr> take_host_visible(void* data) {
-  HostVisible& r = host_visible();
+std::optional<c10::DataPtr> take_cpu_visible(void* data) {
+  CpuVisibleRegistry& r = cpu_visible();
   const std::lock_guard<SpinLock> lock(r.lock);
   for (size_t i = r.memory.size(); i-- > 0;) {
     if (r.memory[i].first == data) {
@@ -59,13 +59,13 @@ std::optional<c10::DataPtr> take_host_visible(void* data) {
 
 void keep_taken(void* /*data*/) {}
 
-void delete_host_visible(void* data);
+void delete_cpu_visible(void* data);
 
 // The allocator of an alias storage. A CPU kernel that resizes an out= alias
 // (at::native::resize_output -> resize_bytes_cpu) allocates through it; the
 // new bytes are device memory of the alias's device, wrapped as a CPU DataPtr,
 // so the fallback can hand them to the device storage instead of copying
-// (take_grown_device_memory). allocate_host_visible does the allocation.
+// (take_grown_device_memory). allocate_cpu_visible does the allocation.
 class GrowthAllocator final : public c10::Allocator {
  public:
   void set_device(c10::DeviceIndex index) {
@@ -73,7 +73,7 @@ class GrowthAllocator final : public c10::Allocator {
   }
 
   c10::DataPtr allocate(size_t nbytes) override {
-    return allocate_host_visible(index_, nbytes);
+    return allocate_cpu_visible(index_, nbytes);
   }
 
   c10::DeleterFnPtr raw_deleter() const override {
@@ -99,49 +99,113 @@ GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
   return &allocators.at(static_cast<size_t>(index));
 }
 
+// The device whose memory this thread's CPU allocations come from
+// (redirect_cpu_allocations), or -1.
+thread_local c10::DeviceIndex redirect_device = -1;
+
+// torch's CPU allocator with one change: while this thread's allocations are
+// redirected (a CpuKernelCall runs its CPU kernel), they are CPU-visible
+// memory of that openreg device, so the kernel's results are device memory
+// and CpuKernelCall::result adopts them instead of copying. Elsewhere, and on
+// the threads of a parallel region, it is the allocator it replaced.
+class RedirectingCPUAllocator final : public c10::Allocator {
+ public:
+  explicit RedirectingCPUAllocator(c10::Allocator* cpu) : cpu_(cpu) {
+    cpu_raw_deleter() = cpu->raw_deleter();
+  }
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (redirect_device >= 0) {
+      return allocate_cpu_visible(redirect_device, nbytes);
+    }
+    return cpu_->allocate(nbytes);
+  }
+
+  // Allocator::raw_deallocate frees raw_allocate()'s pointers through this
+  // deleter, whichever allocation they came from.
+  c10::DeleterFnPtr raw_deleter() const override {
+    return cpu_raw_deleter() != nullptr ? &raw_delete : nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    cpu_->copy_data(dest, src, count);
+  }
+
+ private:
+  static c10::DeleterFnPtr& cpu_raw_deleter() {
+    static c10::DeleterFnPtr deleter = nullptr;
+    return deleter;
+  }
+
+  static void raw_delete(void* data) {
+    if (!release_cpu_visible(data)) {
+      cpu_raw_deleter()(data);
+    }
+  }
+
+  c10::Allocator* cpu_;
+};
+
 constexpr size_t kRecycled = 8;
 
 } // namespace
 
+namespace detail {
+
 // Operand aliases that nothing references any more, for reuse on this
 // thread: each keeps its own storage (with no data) between calls.
-struct HostAliasPool {
+struct CpuAliasPool {
   c10::SmallVector<c10::intrusive_ptr<c10::TensorImpl>, kRecycled> operands;
 };
 
-HostAliasPool& host_alias_pool() {
-  // Each use of a thread_local with a destructor is a call into the dynamic
-  // linker (the extension is dlopen'ed): callers fetch the pool once.
-  thread_local HostAliasPool pool;
+CpuAliasPool& cpu_alias_pool() {
+  thread_local CpuAliasPool pool;
   return pool;
 }
 
+} // namespace detail
+
+void install_cpu_allocator_redirect() {
+  // Above the priority c10 registers its own CPU allocator with. A function
+  // static: installed once, whoever calls.
+  static const bool installed = [] {
+    static RedirectingCPUAllocator allocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(&allocator, /*priority=*/1);
+    return true;
+  }();
+  (void)installed;
+}
+
+c10::DeviceIndex redirect_cpu_allocations(c10::DeviceIndex index) {
+  return std::exchange(redirect_device, index);
+}
+
 namespace {
-void delete_host_visible(void* data) {
-  release_host_visible(data);
+void delete_cpu_visible(void* data) {
+  release_cpu_visible(data);
 }
 } // namespace
 
-bool release_host_visible(void* data) {
+bool release_cpu_visible(void* data) {
   // The device memory is freed when the taken DataPtr goes, outside the lock.
-  return take_host_visible(data).has_value();
+  return take_cpu_visible(data).has_value();
 }
 
-c10::DataPtr allocate_host_visible(c10::DeviceIndex index, size_t nbytes) {
+c10::DataPtr allocate_cpu_visible(c10::DeviceIndex index, size_t nbytes) {
   c10::DataPtr device = allocate_on(index, nbytes);
   if (device.get() == nullptr) {
     return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
   }
   void* data = orKernelAddress(device.get());
   {
-    HostVisible& r = host_visible();
+    CpuVisibleRegistry& r = cpu_visible();
     const std::lock_guard<SpinLock> lock(r.lock);
     r.memory.emplace_back(data, std::move(device));
   }
-  return c10::DataPtr(data, data, &delete_host_visible, c10::Device(c10::DeviceType::CPU));
+  return c10::DataPtr(data, data, &delete_cpu_visible, c10::Device(c10::DeviceType::CPU));
 }
 
-c10::Storage host_alias_storage(const c10::Storage& device_storage) {
+c10::Storage cpu_alias_storage(const c10::Storage& device_storage) {
   c10::StorageImpl* keep_alive = device_storage.unsafeGetStorageImpl();
   c10::raw::intrusive_ptr::incref(keep_alive);
   void* data = orKernelAddress(device_storage.unsafeGetStorageImpl()->data_ptr().get());
@@ -190,7 +254,9 @@ void set_geometry(c10::TensorImpl& alias, const at::TensorBase& t) {
 
 } // namespace
 
-at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool) {
+namespace detail {
+
+at::Tensor operand_alias(const at::TensorBase& t, CpuAliasPool& pool) {
   const c10::StorageImpl& device = *t.storage().unsafeGetStorageImpl();
   const c10::DeviceIndex index = t.device().has_index() ? t.device().index() : 0;
   // A recycled alias of the same dtype keeps its own storage: setting it up
@@ -216,12 +282,12 @@ at::Tensor operand_alias(const at::TensorBase& t, HostAliasPool& pool) {
       return at::Tensor(std::move(impl));
     }
   }
-  return host_alias(
+  return cpu_alias(
       t, c10::Storage(c10::Storage::use_byte_size_t(), device.nbytes(), borrowed(device), growth_allocator(index),
                       /*resizable=*/true));
 }
 
-void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, HostAliasPool& pool) {
+void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, CpuAliasPool& pool) {
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   const bool over_operand = storage->data_ptr().get_deleter() == &borrowed_device_memory;
@@ -257,18 +323,20 @@ void end_operand_alias(at::Tensor&& alias, c10::StorageImpl* device_storage, Hos
   pool.operands.push_back(alias.unsafeReleaseIntrusivePtr());
 }
 
-std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& host_storage) {
-  c10::DataPtr& ptr = host_storage.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
-  // The host storage keeps pointing at the bytes; the device storage owns them now.
-  if (!ptr.compare_exchange_deleter(&delete_host_visible, &keep_taken)) {
+} // namespace detail
+
+std::optional<c10::DataPtr> take_grown_device_memory(const c10::Storage& cpu_storage) {
+  c10::DataPtr& ptr = cpu_storage.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
+  // The CPU storage keeps pointing at the bytes; the device storage owns them now.
+  if (!ptr.compare_exchange_deleter(&delete_cpu_visible, &keep_taken)) {
     return std::nullopt;
   }
-  return take_host_visible(ptr.get());
+  return take_cpu_visible(ptr.get());
 }
 
-at::Tensor host_alias(const at::TensorBase& t, const c10::Storage& host_storage) {
+at::Tensor cpu_alias(const at::TensorBase& t, const c10::Storage& cpu_storage) {
   at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+      c10::Storage(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   set_geometry(*alias.unsafeGetTensorImpl(), t);
   return alias;
 }
@@ -298,8 +366,8 @@ at::Tensor nested_tensor_on(const c10::Storage& storage, const at::Tensor& t) {
   return nested_tensor_on(storage, t, nt->get_nested_sizes(), nt->get_nested_strides(), nt->get_storage_offsets());
 }
 
-bool is_host_visible(const c10::Storage& storage) {
-  return storage.unsafeGetStorageImpl()->data_ptr().get_deleter() == &delete_host_visible;
+bool is_cpu_visible(const c10::Storage& storage) {
+  return storage.unsafeGetStorageImpl()->data_ptr().get_deleter() == &delete_cpu_visible;
 }
 
 } // namespace openreg
