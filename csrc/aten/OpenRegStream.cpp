@@ -148,16 +148,17 @@ void synchronize_stream(const c10::Stream& stream) {
   OPENREG_CHECK(orStreamSynchronize(raw_stream(stream)));
 }
 
-void wait_current_stream(c10::DeviceIndex device) {
-  if (orStreamQueryAll() == orError::Success) {
-    return; // nothing queued anywhere, so neither on the current stream
-  }
+orStream_t current_raw_stream(c10::DeviceIndex device) {
   // `device` is a tensor's, so valid, and current ids are validated when set.
   TORCH_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "openreg device index ", static_cast<int>(device));
-  orStream_t raw = valid_raw_stream(device, current_ids[device]);
-  if (orStreamQuery(raw) == orError::NotReady) {
-    OPENREG_CHECK(orStreamSynchronize(raw));
+  return valid_raw_stream(device, current_ids[device]);
+}
+
+void wait_current_stream(c10::DeviceIndex device) {
+  if (orStreamQueryAll() == orError::Success || orInsideKernel()) {
+    return; // nothing queued or failed anywhere, or already in stream order
   }
+  OPENREG_CHECK(orStreamSynchronize(current_raw_stream(device)));
 }
 
 void join_current_stream(c10::DeviceIndex device) {

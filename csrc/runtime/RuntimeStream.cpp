@@ -8,7 +8,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "OpenRegRuntimeInternal.h"
@@ -16,11 +18,55 @@
 namespace openreg {
 
 namespace {
-// Tasks queued on any stream of the process and not yet completed. Kernels run
-// on the calling thread, so queued tasks (async copies, host functions, event
-// markers) are rare: when this is 0, every stream is idle, which a kernel
-// launch reads with one load instead of looking up its stream.
+// Tasks queued on any stream of the process and not yet completed. When this
+// is 0 and no failure waits to be reported, every stream is idle, which a
+// caller about to touch device memory reads with two loads instead of looking
+// up its stream.
 std::atomic<uint64_t> pending_tasks{0};
+// Streams holding a kernel failure not yet reported.
+std::atomic<int> failed_streams{0};
+// Kernels that ran and whose arguments wait to be released (orStream::collect).
+std::atomic<int64_t> uncollected{0};
+
+// The stream whose worker this thread is (nullptr on other threads).
+thread_local orStream* worker_of = nullptr;
+// What the last LaunchFailure returned on this thread reported.
+thread_local std::string last_launch_error;
+
+// How long a worker keeps looking for new work, and a waiter for completion,
+// before sleeping on a condition variable. Waking a sleeping thread costs
+// microseconds, more than a small kernel, so back-to-back launches and a
+// synchronize right after them find the other side awake.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+template <typename Done>
+bool spin_until(Done done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) {
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// One unit of queued work: run(args), then release(args). `name` is set for
+// kernels, whose exceptions become the stream's failure.
+struct Task {
+  orKernelFn run = nullptr;
+  void* args = nullptr;
+  orKernelFn release = nullptr;
+  const char* name = nullptr;
+};
+
+Task boxed(std::function<void()> fn) {
+  return Task{
+      [](void* f) { (*static_cast<std::function<void()>*>(f))(); },
+      new std::function<void()>(std::move(fn)),
+      [](void* f) { delete static_cast<std::function<void()>*>(f); },
+      nullptr};
+}
 } // namespace
 
 struct orStream {
@@ -34,44 +80,152 @@ struct orStream {
   std::mutex mutex;
   std::condition_variable work_ready;
   std::condition_variable work_done;
-  std::deque<std::function<void()>> queue;
-  // Tasks enqueued and completed so far. Written under `mutex`, read without
-  // it: a kernel launch on an idle stream costs two atomic loads. Events are
-  // positions in this sequence (see EventState), so a stream and the events
-  // recorded on it can never disagree about what has completed.
+  std::deque<Task> queue;
+  // Tasks enqueued and completed so far. Written under `mutex` (completed by
+  // the worker alone), read without it: a launch on an idle stream costs two
+  // atomic loads. Events are positions in this sequence (see EventState), so
+  // a stream and the events recorded on it can never disagree about what has
+  // completed.
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> completed{0};
   bool worker_started = false;
+  bool worker_asleep = false;   // under `mutex`
+  std::atomic<int> sleepers{0}; // threads blocked in wait_until
+  uint64_t taken = 0;           // tasks the worker took; the worker's own
+
+  // Kernels that ran, whose arguments wait for collect(): a kernel's
+  // arguments (tensors) may only be released where their owner allows it
+  // (a Python tensor's last C++ reference takes the GIL, which a thread
+  // waiting for this stream may hold), so not on the worker.
+  std::mutex done_mutex;
+  std::vector<std::pair<orKernelFn, void*>> done;
+
+  // The first failure of a kernel not yet reported.
+  std::mutex failure_mutex;
+  std::string failure;
+  std::atomic<bool> failed{false};
 
   // Queues `task`; returns its position in the stream's sequence.
-  uint64_t enqueue(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mutex);
+  uint64_t enqueue(Task task) {
+    std::unique_lock<std::mutex> lock(mutex);
     if (!worker_started) {
       // Detached: streams live as long as the process, and a joinable thread
       // in a static destructor would call std::terminate.
       std::thread([this] { serve(); }).detach();
       worker_started = true;
     }
-    queue.push_back(std::move(task));
+    queue.push_back(task);
     pending_tasks.fetch_add(1, std::memory_order_relaxed);
     const uint64_t position = enqueued.fetch_add(1, std::memory_order_release) + 1;
-    work_ready.notify_one();
+    const bool wake = worker_asleep;
+    lock.unlock();
+    if (wake) {
+      work_ready.notify_one();
+    }
     return position;
   }
 
-  void serve() {
+  uint64_t enqueue(std::function<void()> fn) {
+    return enqueue(boxed(std::move(fn)));
+  }
+
+  Task next() {
+    spin_until([this] { return enqueued.load(std::memory_order_acquire) != taken; });
     std::unique_lock<std::mutex> lock(mutex);
-    for (;;) {
+    if (queue.empty()) {
+      worker_asleep = true;
       work_ready.wait(lock, [this] { return !queue.empty(); });
-      std::function<void()> task = std::move(queue.front());
-      queue.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-      completed.fetch_add(1, std::memory_order_release);
-      pending_tasks.fetch_sub(1, std::memory_order_release);
-      work_done.notify_all();
+      worker_asleep = false;
     }
+    Task task = queue.front();
+    queue.pop_front();
+    ++taken;
+    return task;
+  }
+
+  void serve() {
+    worker_of = this;
+    for (;;) {
+      Task task = next();
+      run(task);
+      // Sequentially consistent with wait_until's count of sleepers: either
+      // the worker sees a sleeper and wakes it, or the sleeper sees this
+      // completion before it sleeps.
+      completed.fetch_add(1);
+      pending_tasks.fetch_sub(1, std::memory_order_release);
+      if (sleepers.load() > 0) {
+        std::lock_guard<std::mutex> lock(mutex);
+        work_done.notify_all();
+      }
+    }
+  }
+
+  void run(const Task& task) {
+    if (task.name == nullptr) {
+      task.run(task.args);
+    } else {
+      try {
+        task.run(task.args);
+      } catch (const std::exception& e) {
+        fail(task.name, e.what());
+      } catch (...) {
+        fail(task.name, "unknown exception");
+      }
+    }
+    if (task.release == nullptr) {
+      return;
+    }
+    if (task.name == nullptr) {
+      task.release(task.args);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(done_mutex);
+    done.emplace_back(task.release, task.args);
+    uncollected.fetch_add(1, std::memory_order_release);
+  }
+
+  // Releases the arguments of the kernels that ran, on the calling thread.
+  void collect() {
+    if (uncollected.load(std::memory_order_acquire) == 0) {
+      return;
+    }
+    std::vector<std::pair<orKernelFn, void*>> ran;
+    {
+      std::lock_guard<std::mutex> lock(done_mutex);
+      ran.swap(done);
+    }
+    if (ran.empty()) {
+      return;
+    }
+    uncollected.fetch_sub(static_cast<int64_t>(ran.size()), std::memory_order_release);
+    for (const auto& [release, args] : ran) {
+      release(args);
+    }
+  }
+
+  void fail(const char* name, const char* message) {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    if (!failed.load(std::memory_order_relaxed)) {
+      failure = std::string(name) + ": " + message;
+      failed.store(true, std::memory_order_release);
+      failed_streams.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  // LaunchFailure, once, if a kernel failed since the last report.
+  orError take_failure() {
+    if (!failed.load(std::memory_order_acquire)) {
+      return orError::Success;
+    }
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    if (!failed.load(std::memory_order_relaxed)) {
+      return orError::Success;
+    }
+    last_launch_error = std::move(failure);
+    failure.clear();
+    failed.store(false, std::memory_order_relaxed);
+    failed_streams.fetch_sub(1, std::memory_order_release);
+    return orError::LaunchFailure;
   }
 
   bool reached(uint64_t position) const {
@@ -82,18 +236,27 @@ struct orStream {
     return reached(enqueued.load(std::memory_order_acquire));
   }
 
-  // Waits until the task at `position` (and so every earlier one) has completed.
+  // Waits until the task at `position` (and so every earlier one) has
+  // completed. On the stream's own worker, the work queued before the running
+  // task has completed and later work cannot be waited for: returns at once.
   void wait_until(uint64_t position) {
-    if (reached(position)) {
+    if (reached(position) || worker_of == this || spin_until([&] { return reached(position); })) {
       return;
     }
     std::unique_lock<std::mutex> lock(mutex);
+    sleepers.fetch_add(1);
     work_done.wait(lock, [&] { return reached(position); });
+    sleepers.fetch_sub(1);
   }
 
-  // Waits for the work enqueued before the call (not for work added meanwhile).
-  void synchronize() {
+  // Waits for the work enqueued before the call (not for work added
+  // meanwhile); reports a kernel failure.
+  orError synchronize() {
     wait_until(enqueued.load(std::memory_order_acquire));
+    if (worker_of == nullptr) {
+      collect();
+    }
+    return take_failure();
   }
 };
 
@@ -194,7 +357,7 @@ orStream* make_stream(int device, int priority, bool is_default) {
 } // namespace
 
 namespace detail {
-void synchronize_device_streams(int device) {
+void wait_device_streams(int device) {
   std::vector<orStream*> streams;
   {
     StreamTable& t = table();
@@ -202,8 +365,24 @@ void synchronize_device_streams(int device) {
     streams = t.streams[device];
   }
   for (orStream* stream : streams) {
-    stream->synchronize();
+    stream->wait_until(stream->enqueued.load(std::memory_order_acquire));
   }
+}
+
+orError synchronize_device_streams(int device) {
+  std::vector<orStream*> streams;
+  {
+    StreamTable& t = table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    streams = t.streams[device];
+  }
+  orError status = orError::Success;
+  for (orStream* stream : streams) {
+    if (const orError err = stream->synchronize(); status == orError::Success) {
+      status = err;
+    }
+  }
+  return status;
 }
 } // namespace detail
 
@@ -273,21 +452,23 @@ orError orStreamQuery(orStream_t stream) {
   if (stream == nullptr) {
     return orError::InvalidValue;
   }
-  return stream->idle() ? orError::Success : orError::NotReady;
+  return stream->idle() ? stream->take_failure() : orError::NotReady;
 }
 
 orError orStreamQueryAll() {
   // Acquire: reading 0 makes every completed task's writes visible, as
   // orStreamQuery's acquire of a stream's completed count does.
-  return pending_tasks.load(std::memory_order_acquire) == 0 ? orError::Success : orError::NotReady;
+  return pending_tasks.load(std::memory_order_acquire) == 0 && failed_streams.load(std::memory_order_acquire) == 0 &&
+          uncollected.load(std::memory_order_acquire) == 0
+      ? orError::Success
+      : orError::NotReady;
 }
 
 orError orStreamSynchronize(orStream_t stream) {
   if (stream == nullptr) {
     return orError::InvalidValue;
   }
-  stream->synchronize();
-  return orError::Success;
+  return stream->synchronize();
 }
 
 orError orStreamWaitEvent(orStream_t stream, orEvent_t event) {
@@ -331,8 +512,48 @@ orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data) {
   if (stream == nullptr || fn == nullptr) {
     return orError::InvalidValue;
   }
-  stream->enqueue([fn, data] { fn(data); });
+  stream->enqueue(Task{fn, data, nullptr, nullptr});
   return orError::Success;
+}
+
+orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKernelFn release, const char* name) {
+  if (stream == nullptr || kernel == nullptr || name == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (worker_of != nullptr) {
+    // A kernel launching another: run it now, in the launching kernel's
+    // place in its stream; a failure fails the launching kernel.
+    struct Release {
+      orKernelFn release;
+      void* args;
+      ~Release() {
+        if (release != nullptr) {
+          release(args);
+        }
+      }
+    } release_after{release, args};
+    kernel(args);
+    return orError::Success;
+  }
+  stream->enqueue(Task{kernel, args, release, name});
+  stream->collect();
+  if (const detail::Config* config = detail::config(); config != nullptr && config->launch_blocking) {
+    return stream->synchronize();
+  }
+  return orError::Success;
+}
+
+bool orInsideKernel() {
+  return worker_of != nullptr;
+}
+
+bool orLaunchBlocking() {
+  const detail::Config* config = detail::config();
+  return config != nullptr && config->launch_blocking;
+}
+
+const char* orGetLaunchError() {
+  return last_launch_error.c_str();
 }
 
 orError orEventCreateWithFlags(orEvent_t* event, unsigned flags) {
@@ -375,6 +596,8 @@ orError orEventSynchronize(orEvent_t event) {
   const EventState::Point point = event->state->point();
   if (point.stream != nullptr) {
     point.stream->wait_until(point.position);
+    point.stream->collect();
+    return point.stream->take_failure();
   }
   return orError::Success;
 }

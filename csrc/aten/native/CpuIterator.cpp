@@ -6,6 +6,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <string>
+
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
@@ -130,27 +132,63 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 template <class Exchange>
 void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
   const bool large = IteratorAccess::is_reduction(iter) && iter.numel() >= at::internal::GRAIN_SIZE;
-  bool on_device = false;
   for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(iter, arg);
     // orKernelAddress gives host addresses back unchanged.
     void* kernel_address = orKernelAddress(op.data);
-    if (kernel_address != op.data) {
-      op.data = kernel_address;
-      on_device = true;
-    }
+    op.data = kernel_address;
     if (large && op.tensor_base().defined() &&
         op.tensor_base().device().is_privateuseone() && op.tensor_base().scalar_type() == op.current_dtype) {
       exchange(op, arg);
-      on_device = true;
     }
-  }
-  if (on_device && iter.ntensors() > 0 && iter.device().is_privateuseone()) {
-    join_current_stream(iter.device().index());
   }
 }
 
 } // namespace
+
+at::TensorIterator owning_copy(const at::TensorIteratorBase& iter) {
+  at::TensorIterator copy(iter);
+  for (int64_t arg = 0; arg < copy.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(copy, arg);
+    // An operand exchanged for another tensor (a CPU alias) keeps the
+    // original: own both, the original first.
+    const bool exchanged = op.original_tensor_base().defined();
+    at::TensorBase current;
+    if (exchanged) {
+      current = op.tensor_base();
+      op.restore_original_tensor();
+    }
+    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(std::in_place, op.tensor_base()));
+    if (exchanged) {
+      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(current)));
+    }
+  }
+  return copy;
+}
+
+uint64_t dtype_key(const at::TensorIteratorBase& iter) {
+  uint64_t key = static_cast<uint64_t>(iter.ntensors());
+  for (int64_t arg = 0; arg < iter.ntensors() && arg < 7; ++arg) {
+    key |= static_cast<uint64_t>(static_cast<uint8_t>(iter.dtype(arg))) << (8 * (arg + 1));
+  }
+  return key;
+}
+
+const char* stub_name_from(const char* pretty_function) {
+  std::string text(pretty_function);
+  const size_t at = text.find("stub = ");
+  if (at == std::string::npos) {
+    return "a DispatchStub's CPU kernel";
+  }
+  std::string name = text.substr(at + 7);
+  name = name.substr(0, name.find_first_of(";]"));
+  const size_t start = name.find_first_not_of("(& ");
+  name = name.substr(start == std::string::npos ? 0 : start);
+  while (!name.empty() && (name.back() == ')' || name.back() == ' ')) {
+    name.pop_back();
+  }
+  return (new std::string(name))->c_str(); // one per stub, for the process
+}
 
 void use_kernel_addresses(at::TensorIteratorBase& iter) {
   translate(iter, [](at::OperandInfo& op, int64_t /*arg*/) {

@@ -14,9 +14,12 @@
 // - The operands' data pointers are device addresses, which CPU code cannot
 //   dereference; they are replaced by the addresses kernels use
 //   (orKernelAddress).
-// It also orders the kernel after the work queued on the current stream.
+// CpuKernelOf launches the kernel on the current stream.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -25,6 +28,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "aten/OpenRegCpuAlias.h"
+#include "aten/OpenRegLaunch.h"
 
 namespace openreg::native {
 
@@ -65,8 +69,9 @@ class AsCpuIterator {
   std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;
 };
 
-// Points every operand of `iter` at kernel addresses and orders the kernel
-// after the work queued on the current stream.
+// Points every operand of `iter` at kernel addresses (orKernelAddress). The
+// kernel that reads them runs in stream order: launched (CpuKernelOf), or
+// after join_current_stream.
 void use_kernel_addresses(at::TensorIteratorBase& iter);
 
 // The dtypes of AT_ALL_TYPES_AND_COMPLEX, bool, half and bfloat16: those the
@@ -93,16 +98,82 @@ void run_cpu_stub(Stub& stub, Iter& iter, Args&&... args) {
   cpu_iter.write_back();
 }
 
-// The openreg kernel of a stub declared with `cpu_kernel: true` in
-// backend_functions.yaml: CpuKernelOf<&at::native::exp_stub>::run has exactly
-// the stub's function type.
+// A copy of `iter` that a queued kernel can keep: it owns its operands (the
+// structured classes' iterators borrow theirs from the caller's frame).
+at::TensorIterator owning_copy(const at::TensorIteratorBase& iter);
+
+// "at::native::exp_stub", from the compiler's name of this instantiation
+// (GCC and Clang spell it "[with auto* stub = (& at::native::exp_stub)]" or
+// "[stub = &at::native::exp_stub]"): the name a kernel's error gives.
+const char* stub_name_from(const char* pretty_function);
+template <auto* stub>
+const char* stub_name() {
+  static const char* const name = stub_name_from(__PRETTY_FUNCTION__);
+  return name;
+}
+
+// The openreg kernel of every stub of the `stub_cpu_kernel` route
+// (backend_functions.yaml's `stubs: cpu_kernels: true`):
+// CpuKernelOf<&at::native::exp_stub>::run has exactly the stub's function
+// type. It launches CPU's kernel of the stub on the current stream, over a copy
+// of the iterator that owns its operands, with the other arguments copied.
 template <auto* stub, typename FnPtr = typename std::remove_pointer_t<decltype(stub)>::FnPtr>
 struct CpuKernelOf;
+
+// The operand dtypes of `iter`, packed (what a CPU kernel dispatches on).
+uint64_t dtype_key(const at::TensorIteratorBase& iter);
+
+// Combinations of operand dtypes a kernel has run with once: CPU's kernels
+// choose their loop by dtype (AT_DISPATCH) inside the kernel, where CUDA's
+// choose on the host before launching, so "not implemented for 'UInt16'" must
+// come from the call. The first launch of each combination runs at once in
+// the launching thread, raising what CPU raises; later ones are queued.
+// Lock-free; a full table (never with the dtypes torch has) queues everything.
+class SeenDtypes {
+ public:
+  bool contains(uint64_t key) const {
+    for (const auto& slot : slots_) {
+      const uint64_t value = slot.load(std::memory_order_acquire);
+      if (value == key + 1) {
+        return true;
+      }
+      if (value == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+  void insert(uint64_t key) {
+    for (auto& slot : slots_) {
+      uint64_t expected = 0;
+      if (slot.compare_exchange_strong(expected, key + 1) || expected == key + 1) {
+        return;
+      }
+    }
+  }
+
+ private:
+  std::array<std::atomic<uint64_t>, 64> slots_{};
+};
 
 template <auto* stub, typename Iter, typename... Args>
 struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
   static void run(Iter& iter, Args... args) {
-    run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
+    if (orInsideKernel()) {
+      run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
+      return;
+    }
+    static SeenDtypes seen;
+    const uint64_t key = dtype_key(iter);
+    if (!seen.contains(key) || orLaunchBlocking()) {
+      join_current_stream(iter.device().index());
+      run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
+      seen.insert(key);
+      return;
+    }
+    launch_kernel(
+        iter.device().index(), stub_name<stub>(),
+        [copy = owning_copy(iter), ... values = std::decay_t<Args>(args)]() mutable { run_cpu_stub(*stub, copy, values...); });
   }
 };
 

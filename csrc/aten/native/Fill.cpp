@@ -49,11 +49,26 @@ bool fill_dense(at::Tensor& self, const at::Scalar& value) {
   return true;
 }
 
+// CPU's fill kernel converts the value with value.to<scalar_t>(), which
+// raises for a value the dtype cannot hold. That kernel runs queued on the
+// stream (CpuKernelOf), so the conversion is checked here first, raising at
+// the call as CUDA's fill_ (which converts on the host before its launch) does.
+void check_fill_value(at::ScalarType dtype, const at::Scalar& value) {
+  AT_DISPATCH_V2(
+      dtype, "openreg_fill_check", AT_WRAP([&] { (void)value.to<scalar_t>(); }),
+      AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
+}
+
 } // namespace
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
-  if (plain_dtype(self.scalar_type()) && fill_dense(self, value)) {
-    return self;
+  if (plain_dtype(self.scalar_type())) {
+    if (fill_dense(self, value)) {
+      return self;
+    }
+    if (self.numel() > 1) {
+      check_fill_value(self.scalar_type(), value);
+    }
   }
   return at::native::fill_(self, value);
 }
