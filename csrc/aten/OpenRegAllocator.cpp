@@ -33,6 +33,7 @@
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegGpuTrace.h"
 #include "OpenRegSpinLock.h"
 #include "OpenRegStream.h"
 
@@ -511,6 +512,9 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
       return {nullptr, nullptr, &delete_block, where};
     }
     Block* block = caches_[device]->allocate(nbytes, current_stream_id(device));
+    // Outside the cache's lock, as CUDACachingAllocator's malloc reports it:
+    // the hook takes the GIL.
+    gpu_trace::memory_allocation(block->ptr);
     return {block->ptr, block, &delete_block, where};
   }
 
@@ -589,6 +593,9 @@ OpenRegAllocator& allocator_instance() {
 
 void OpenRegAllocator::delete_block(void* ctx) {
   if (ctx != nullptr) {
+    // When the tensor lets go of the block, whatever record_stream deferred,
+    // as CUDACachingAllocator's free reports it.
+    gpu_trace::memory_deallocation(static_cast<Block*>(ctx)->ptr);
     allocator_instance().free_block(static_cast<Block*>(ctx));
   }
 }

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -62,9 +63,13 @@ void launch_kernel(c10::DeviceIndex device, const char* name, F&& body) {
     body();
     return;
   }
-  if (orLaunchBlocking()) {
-    // OPENREG_LAUNCH_BLOCKING=1: in stream order, in the calling thread, so
-    // an error is raised by this call with its own type.
+  // OPENREG_LAUNCH_BLOCKING=1: in stream order, in the calling thread, so
+  // an error is raised by this call with its own type. Likewise while a tool
+  // listens to the GPU trace (OpenRegGpuTrace.h; the sanitizer): a queued
+  // kernel holds its tensors until it has run, so their memory would be
+  // freed, and the free reported, whenever the kernel happens to be done,
+  // where on CUDA it is freed when the program drops it.
+  if (orLaunchBlocking() || C10_UNLIKELY(c10::impl::GPUTrace::get_trace() != nullptr)) {
     join_current_stream(device);
     body();
     return;

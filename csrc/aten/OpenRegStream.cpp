@@ -6,6 +6,7 @@
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegGpuTrace.h"
 #include "OpenRegTrace.h"
 
 namespace openreg {
@@ -61,6 +62,7 @@ orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
     const orError status = orStreamCreateWithPriority(&stream, level == 1 ? -1 : 0);
     set_device(static_cast<c10::DeviceIndex>(previous));
     OPENREG_CHECK(status);
+    gpu_trace::stream_creation(stream); // where CUDA's pool streams report it (CUDAStream.cpp)
     return stream;
   });
 }
@@ -80,6 +82,7 @@ orStream_t valid_raw_stream(c10::DeviceIndex device, c10::StreamId id) {
     return made_once(d.default_stream, d.once, [&] {
       orStream_t stream = nullptr;
       OPENREG_CHECK(orStreamGetDefault(&stream, device));
+      gpu_trace::stream_creation(stream);
       return stream;
     });
   }
@@ -145,7 +148,9 @@ int stream_priority(const c10::Stream& stream) {
 }
 
 void synchronize_stream(const c10::Stream& stream) {
-  OPENREG_CHECK(orStreamSynchronize(raw_stream(stream)));
+  orStream_t raw = raw_stream(stream);
+  gpu_trace::stream_synchronization(raw); // before the wait, as c10/cuda/CUDAFunctions.h's stream_synchronize
+  OPENREG_CHECK(orStreamSynchronize(raw));
 }
 
 orStream_t current_raw_stream(c10::DeviceIndex device) {

@@ -202,6 +202,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("_stream_priority", [](int64_t stream_id, int device_index) {
     return openreg::stream_priority(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id));
   });
+  // The number the GPU trace names a stream by (OpenRegGpuTrace.h), for the
+  // sanitizer to name the stream an operator runs on the same way.
+  m.def("_stream_handle", [](int64_t stream_id, int device_index) {
+    return reinterpret_cast<uintptr_t>(
+        openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)));
+  });
+  m.def("_current_stream_id", [](int device_index) {
+    return openreg::current_stream(static_cast<c10::DeviceIndex>(device_index)).id();
+  });
+  // (device, stream id) of the stream the caching allocator hands device
+  // memory at `ptr` out on when this thread allocates it: the current stream
+  // of the pointer's device (OpenRegAllocator.cpp, allocate_on).
+  m.def("_allocation_stream", [](uintptr_t ptr) {
+    openreg::orPointerAttributes attributes;
+    OPENREG_CHECK(openreg::orPointerGetAttributes(&attributes, reinterpret_cast<const void*>(ptr)));
+    TORCH_CHECK(attributes.is_device, "_allocation_stream: ", ptr, " is no openreg device address");
+    const auto device = static_cast<c10::DeviceIndex>(attributes.device);
+    return std::make_pair(static_cast<int>(device), openreg::current_stream(device).id());
+  });
   m.def("_stream_priority_range", [] {
     int least = 0;
     int greatest = 0;

@@ -14,6 +14,7 @@
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegCpuAlias.h"
+#include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegHostAllocator.h"
 #include "aten/OpenRegStream.h"
 
@@ -74,11 +75,37 @@ bool can_copy_async(const at::Tensor& src, const at::Tensor& dst) {
   return true;
 }
 
+// The host waited for the current stream of `device`. CUDA reports its
+// host waits through at::cuda::stream_synchronize (c10/cuda/CUDAFunctions.h):
+// a synchronous copy with a host side (ATen/native/cuda/Copy.cu) and .item()
+// (memcpy_and_sync) do. openreg's synchronous copies between two devices wait
+// for both, where CUDA orders the two streams with events: both make the
+// copy ordered after the work of both streams and before what follows.
+void report_host_wait(c10::DeviceIndex device) {
+  if (c10::impl::GPUTrace::get_trace() != nullptr) {
+    gpu_trace::stream_synchronization(current_raw_stream(device));
+  }
+}
+
+// For a synchronous copy: a copy within one device is an ordinary kernel on
+// its stream for the sanitizer, as on CUDA, though it runs here in the host.
+void report_sync_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.device() == dst.device()) {
+    return;
+  }
+  for (const at::Tensor* t : {&src, &dst}) {
+    if (t->device().is_privateuseone()) {
+      report_host_wait(t->device().index());
+    }
+  }
+}
+
 void copy_async(const at::Tensor& src, const at::Tensor& dst) {
   const c10::Stream stream = current_stream(stream_device(src, dst));
   if (src.device().is_privateuseone() && dst.device().is_privateuseone() && src.device() != dst.device()) {
     // The source's device must have produced it first.
     join_current_stream(src.device().index());
+    report_host_wait(src.device().index());
   }
   OPENREG_CHECK(orMemcpyAsync(
       dst.mutable_data_ptr(), src.const_data_ptr(), dst.nbytes(), memcpy_kind(src, dst), raw_stream(stream)));
@@ -134,6 +161,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   if (memcpy) {
     parallel_memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), dst.nbytes(), memcpy_kind(self, dst));
+    report_sync_copy(self, dst);
     return dst;
   }
   // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy kernel
@@ -146,6 +174,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const at::Tensor& to = dst.device().is_privateuseone() ? dst_alias.emplace(dst).get() : dst;
   const at::Tensor& from = self.device().is_privateuseone() ? src_alias.emplace(self).get() : self;
   at::native::copy_(const_cast<at::Tensor&>(to), from);
+  report_sync_copy(self, dst);
   return dst;
 }
 
@@ -158,6 +187,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   join_current_stream(self.device().index());
+  report_host_wait(self.device().index());
   return at::_local_scalar_dense(cpu_alias(self));
 }
 
