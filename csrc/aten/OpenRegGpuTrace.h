@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 
 #include <c10/core/impl/GPUTrace.h>
 
@@ -27,9 +28,12 @@ namespace openreg::gpu_trace {
 // kernel runs on a stream's worker thread, and the hook takes the GIL, which
 // the thread waiting for that stream may hold. What a kernel allocates and
 // frees inside itself (CPU kernels' temporaries) is no tensor of the program.
+// Nor while an exception unwinds the stack (tensors freed on the way): when it
+// is a python_error the Python error is still set, and the hook's Python call
+// would fail with a SystemError in its place.
 inline const c10::impl::PyInterpreter* listener() {
   const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace();
-  if (C10_LIKELY(interp == nullptr) || orInsideKernel()) {
+  if (C10_LIKELY(interp == nullptr) || orInsideKernel() || std::uncaught_exceptions() > 0) {
     return nullptr;
   }
   return interp;

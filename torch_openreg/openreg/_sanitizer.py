@@ -496,8 +496,9 @@ class SanitizerMode(TorchDispatchMode):
         kwargs = kwargs or {}
         handler = self.handler
         if func is aten.record_stream.default:
+            result = func(*args, **kwargs)  # first: it rejects a stream of another device
             handler.record_stream(args[0], args[1])
-            return func(*args, **kwargs)
+            return result
         if func in _METADATA_ONLY:
             return func(*args, **kwargs)
         errors = handler.take_deferred()  # printed when they were found
