@@ -101,6 +101,7 @@ def test_non_blocking_host_to_device_copy_returns_before_the_stream_runs_it():
     src = torch.arange(N, dtype=torch.float32).pin_memory()
     dst = torch.empty(N, device="openreg")
     s = torch.openreg.Stream()
+    s.wait_stream(torch.openreg.current_stream())  # dst was allocated on the default stream
     with torch.openreg.stream(s):
         torch.openreg._sleep(300)
         start = time.perf_counter()
@@ -138,6 +139,7 @@ def test_wait_stream_orders_work_across_streams():
     producer, consumer = torch.openreg.Stream(), torch.openreg.Stream()
     src = torch.arange(N, dtype=torch.float32).pin_memory()
     dst = torch.empty(N, device="openreg")
+    producer.wait_stream(torch.openreg.current_stream())  # dst was allocated on the default stream
     with torch.openreg.stream(producer):
         torch.openreg._sleep(200)
         dst.copy_(src, non_blocking=True)
@@ -168,6 +170,7 @@ def test_a_kernel_waits_for_its_own_stream_only():
         torch.openreg._sleep(400)
     src = torch.arange(N, dtype=torch.float32).pin_memory()
     dst = torch.empty(N, device="openreg")
+    own.wait_stream(torch.openreg.current_stream())  # dst was allocated on the default stream
     start = time.perf_counter()
     with torch.openreg.stream(own):
         dst.copy_(src, non_blocking=True)

@@ -10,13 +10,13 @@
 // kernel runs it at once (orLaunchKernel).
 #pragma once
 
+#include <atomic>
 #include <new>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
 
 #include <ATen/Parallel.h>
-#include <c10/core/impl/GPUTrace.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -55,6 +55,13 @@ struct QueuedKernel {
 
 } // namespace detail
 
+// Set while torch.openreg.sanitizer is enabled (_C._set_launches_in_caller).
+// Not GPUTrace::get_trace(): torch cannot turn the trace off again.
+inline std::atomic<bool>& launches_in_caller() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
 // Queues body() on the current stream of `device`; `name` (a string literal)
 // names it in the error a failure raises.
 template <typename F>
@@ -64,12 +71,12 @@ void launch_kernel(c10::DeviceIndex device, const char* name, F&& body) {
     return;
   }
   // OPENREG_LAUNCH_BLOCKING=1: in stream order, in the calling thread, so
-  // an error is raised by this call with its own type. Likewise while a tool
-  // listens to the GPU trace (OpenRegGpuTrace.h; the sanitizer): a queued
-  // kernel holds its tensors until it has run, so their memory would be
-  // freed, and the free reported, whenever the kernel happens to be done,
-  // where on CUDA it is freed when the program drops it.
-  if (orLaunchBlocking() || C10_UNLIKELY(c10::impl::GPUTrace::get_trace() != nullptr)) {
+  // an error is raised by this call with its own type. Likewise while the
+  // sanitizer is on (torch.openreg.sanitizer): a queued kernel holds its
+  // tensors until it has run, so their memory would be freed, and the free
+  // reported to the GPU trace, whenever the kernel happens to be done, where
+  // on CUDA it is freed when the program drops it.
+  if (orLaunchBlocking() || C10_UNLIKELY(launches_in_caller().load(std::memory_order_relaxed))) {
     join_current_stream(device);
     body();
     return;

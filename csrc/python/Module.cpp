@@ -21,6 +21,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
+#include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
@@ -208,6 +209,8 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)));
   });
+  m.def("_set_launches_in_caller", [](bool on) { openreg::launches_in_caller().store(on); },
+        "Runs kernels in the launching thread (the sanitizer's mode, OpenRegLaunch.h).");
   m.def("_current_stream_id", [](int device_index) {
     return openreg::current_stream(static_cast<c10::DeviceIndex>(device_index)).id();
   });

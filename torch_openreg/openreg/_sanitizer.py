@@ -315,8 +315,10 @@ class Handler(EventHandler):
     # --- trace callbacks (torch_openreg/openreg/_gpu_trace.py) -------------
 
     def _handle_memory_allocation(self, data_ptr: int) -> None:
+        # No stack here: an allocation is as frequent as an operator, and the
+        # operator that allocated the memory records it as its first access.
         device, stream_id = _C._allocation_stream(data_ptr)
-        self.memory[data_ptr] = Memory(_stack(), self.stream_key(device, stream_id))
+        self.memory[data_ptr] = Memory(None, self.stream_key(device, stream_id))
 
     def _handle_memory_deallocation(self, data_ptr: int) -> None:
         memory = self.memory.pop(data_ptr, None)
@@ -391,6 +393,8 @@ class Handler(EventHandler):
             memory = self.memory.get(ptr)
             if memory is None:  # allocated before enable(), or inside a kernel
                 memory = self.memory[ptr] = Memory(None)
+            if memory.allocation_stream is not None and memory.allocation_stack is None and not memory.accesses:
+                memory.allocation_stack = stack
             for previous in reversed(memory.accesses):
                 if not written and previous.type is AccessType.READ:
                     continue
@@ -569,6 +573,7 @@ class Sanitizer:
 
     def enable(self) -> None:
         torch._C._activate_gpu_trace()
+        _C._set_launches_in_caller(True)  # frees seen when the program drops a tensor (OpenRegLaunch.h)
         for registry, callback in self.callbacks:
             registry.add_callback(callback)
         # Tensor.numpy() and Tensor.tolist() read CPU memory without dispatching
@@ -588,6 +593,7 @@ class Sanitizer:
         self.replaced.clear()
         for registry, callback in self.callbacks:
             registry.callback_list.remove(callback)
+        _C._set_launches_in_caller(False)
 
     def _host_reader(self, name: str, read: Callable[..., Any]) -> Callable[..., Any]:
         handler = self.handler
