@@ -1,11 +1,14 @@
 #include "OpenRegStream.h"
 
+#include "aten/OpenRegLaunch.h"
+
 #include <array>
 #include <atomic>
 #include <mutex>
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegLaunch.h"
 #include "OpenRegTrace.h"
 
 namespace openreg {
@@ -155,7 +158,7 @@ orStream_t current_raw_stream(c10::DeviceIndex device) {
 }
 
 void wait_current_stream(c10::DeviceIndex device) {
-  if (orStreamQueryAll() == orError::Success || orInsideKernel()) {
+  if (orStreamQueryAll() == orError::Success || inside_kernel()) {
     return; // nothing queued or failed anywhere, or already in stream order
   }
   OPENREG_CHECK(orStreamSynchronize(current_raw_stream(device)));
