@@ -110,6 +110,7 @@ def test_non_blocking_host_to_device_copy_returns_before_the_stream_runs_it():
         assert not s.query()
         doubled = dst * 2  # a kernel on the stream runs after the copy
     assert returned_after < 0.2
+    s.synchronize()  # .cpu() below reads on the default stream, as on CUDA
     assert_close(doubled.cpu(), src * 2)
 
 
@@ -146,6 +147,7 @@ def test_wait_stream_orders_work_across_streams():
     consumer.wait_stream(producer)
     with torch.openreg.stream(consumer):
         result = dst + 1
+    consumer.synchronize()  # .cpu() below reads on the default stream
     assert_close(result.cpu(), src + 1)
 
 
@@ -179,6 +181,7 @@ def test_a_kernel_waits_for_its_own_stream_only():
     elapsed = time.perf_counter() - start
     assert not busy.query()
     assert elapsed < 0.3
+    own.synchronize()  # .cpu() below reads on the default stream
     assert_close(doubled.cpu(), src * 2)
     assert_close(x.cpu(), torch.full((4,), 2.0))
 

@@ -3,7 +3,11 @@
 // before it while the caller goes on.
 //
 // What the kernel needs must be captured by value: it runs after the caller
-// returned. Tensors captured keep their memory until the kernel has run.
+// returned. A tensor is captured as kernel_argument(t), which, like a CUDA
+// kernel's pointer argument, does not keep device memory alive: the caller
+// may drop its tensors at once, and the caching allocator hands their blocks
+// only to later work on the same stream (or, after record_stream, after the
+// other streams' work), which the stream orders after this kernel.
 // On the stream's worker the kernel sees the launching thread's intra-op
 // thread count and runs below autograd (a kernel's own tensor calls, a cast
 // say, are not recorded); a call inside a kernel that launches another
@@ -17,6 +21,8 @@
 #include <utility>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/TensorBase.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -26,7 +32,43 @@
 
 namespace openreg {
 
+// A tensor over t's memory with t's geometry and dtype that owns nothing: its
+// storage is a bare pointer. Over device memory (an openreg tensor, or a CPU
+// alias at kernel addresses) only stream order keeps the bytes meaningful,
+// as for a CUDA kernel; the view has no Python object, so a kernel's worker
+// may drop it without the GIL.
+at::Tensor kernel_view(const at::TensorBase& t);
+// A CPU tensor over the kernel addresses of openreg tensor t's memory, owning
+// nothing: a kernel running CPU code on device memory (a CPU alias a kernel
+// may hold; CpuAliases' are for the calling thread).
+at::Tensor kernel_cpu_view(const at::TensorBase& t);
+
+// What a queued kernel keeps of one argument of its launch: a kernel_view of
+// an openreg tensor, a copy of a CPU tensor (host memory is not stream
+// ordered: a CPU scalar operand is often a temporary of the caller, and CUDA
+// passes its value), anything else by value.
+at::Tensor kernel_tensor_argument(const at::TensorBase& t);
+template <typename T>
+constexpr bool is_array_ref = false;
+template <typename T>
+constexpr bool is_array_ref<c10::ArrayRef<T>> = true;
+template <typename T>
+auto kernel_argument(T&& value) {
+  if constexpr (std::is_base_of_v<at::TensorBase, std::decay_t<T>>) {
+    return kernel_tensor_argument(value);
+  } else {
+    static_assert(
+        !is_array_ref<std::decay_t<T>>,
+        "an ArrayRef borrows the caller's memory: copy it into a vector before the launch");
+    return std::decay_t<T>(std::forward<T>(value));
+  }
+}
+
 namespace detail {
+
+// Set while the calling thread runs a kernel in its own place in the stream
+// (run_kernel_inline): launches it makes run at once, as on a worker.
+inline thread_local int inline_kernels = 0;
 
 template <typename Body>
 struct QueuedKernel {
@@ -62,23 +104,45 @@ inline std::atomic<bool>& launches_in_caller() {
   return flag;
 }
 
+// Launches run in the calling thread, in stream order: with
+// OPENREG_LAUNCH_BLOCKING=1 (an error is raised by the call that caused it)
+// and while the sanitizer (torch.openreg.sanitizer) watches each kernel's
+// memory traffic from the launching thread.
+inline bool launches_in_calling_thread() {
+  return orLaunchBlocking() || C10_UNLIKELY(launches_in_caller().load(std::memory_order_relaxed));
+}
+
+// True where a launch must run at once: on a stream's worker, or in a kernel
+// the calling thread runs in stream order (run_kernel_inline).
+inline bool inside_kernel() {
+  return detail::inline_kernels > 0 || orInsideKernel();
+}
+
+// Runs body() in the calling thread after the work queued on the current
+// stream of `device`, so its errors raise here with their own type; kernels it
+// launches run at once, keeping stream order.
+template <typename F>
+void run_kernel_inline(c10::DeviceIndex device, F&& body) {
+  join_current_stream(device);
+  ++detail::inline_kernels;
+  struct Leave {
+    ~Leave() {
+      --detail::inline_kernels;
+    }
+  } leave;
+  body();
+}
+
 // Queues body() on the current stream of `device`; `name` (a string literal)
 // names it in the error a failure raises.
 template <typename F>
 void launch_kernel(c10::DeviceIndex device, const char* name, F&& body) {
-  if (orInsideKernel()) {
+  if (inside_kernel()) {
     body();
     return;
   }
-  // OPENREG_LAUNCH_BLOCKING=1: in stream order, in the calling thread, so
-  // an error is raised by this call with its own type. Likewise while the
-  // sanitizer is on (torch.openreg.sanitizer): a queued kernel holds its
-  // tensors until it has run, so their memory would be freed, and the free
-  // reported to the GPU trace, whenever the kernel happens to be done, where
-  // on CUDA it is freed when the program drops it.
-  if (orLaunchBlocking() || C10_UNLIKELY(launches_in_caller().load(std::memory_order_relaxed))) {
-    join_current_stream(device);
-    body();
+  if (launches_in_calling_thread()) {
+    run_kernel_inline(device, std::forward<F>(body));
     return;
   }
   if (C10_UNLIKELY(trace::observed(trace::kProfile))) {

@@ -1,5 +1,7 @@
 #include "OpenRegStream.h"
 
+#include "aten/OpenRegLaunch.h"
+
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -7,6 +9,7 @@
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
 #include "OpenRegGpuTrace.h"
+#include "OpenRegLaunch.h"
 #include "OpenRegTrace.h"
 
 namespace openreg {
@@ -160,7 +163,7 @@ orStream_t current_raw_stream(c10::DeviceIndex device) {
 }
 
 void wait_current_stream(c10::DeviceIndex device) {
-  if (orStreamQueryAll() == orError::Success || orInsideKernel()) {
+  if (orStreamQueryAll() == orError::Success || inside_kernel()) {
     return; // nothing queued or failed anywhere, or already in stream order
   }
   OPENREG_CHECK(orStreamSynchronize(current_raw_stream(device)));

@@ -138,11 +138,9 @@ orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data);
 //
 // A kernel is host code in this simulation, run by the stream's worker.
 // orLaunchKernel queues kernel(args) after the work queued on `stream` so far
-// and returns. Once the kernel ran, release(args) (if given) runs on a thread
-// that calls the runtime for this stream (the next launch, a synchronising
-// call or query), never on the worker: arguments may own objects that only
-// such a thread may release. `name` (static storage) names the kernel in its
-// error.
+// and returns. Once the kernel ran, the worker calls release(args) (if
+// given), so arguments must not own what only another thread may release.
+// `name` (static storage) names the kernel in its error.
 //
 // A kernel fails by throwing. The stream keeps its first failure and the next
 // synchronising call that waits for the stream reports it, once, as

@@ -25,8 +25,6 @@ namespace {
 std::atomic<uint64_t> pending_tasks{0};
 // Streams holding a kernel failure not yet reported.
 std::atomic<int> failed_streams{0};
-// Kernels that ran and whose arguments wait to be released (orStream::collect).
-std::atomic<int64_t> uncollected{0};
 
 // The stream whose worker this thread is (nullptr on other threads).
 thread_local orStream* worker_of = nullptr;
@@ -92,13 +90,6 @@ struct orStream {
   bool worker_asleep = false;   // under `mutex`
   std::atomic<int> sleepers{0}; // threads blocked in wait_until
   uint64_t taken = 0;           // tasks the worker took; the worker's own
-
-  // Kernels that ran, whose arguments wait for collect(): a kernel's
-  // arguments (tensors) may only be released where their owner allows it
-  // (a Python tensor's last C++ reference takes the GIL, which a thread
-  // waiting for this stream may hold), so not on the worker.
-  std::mutex done_mutex;
-  std::vector<std::pair<orKernelFn, void*>> done;
 
   // The first failure of a kernel not yet reported.
   std::mutex failure_mutex;
@@ -172,34 +163,8 @@ struct orStream {
         fail(task.name, "unknown exception");
       }
     }
-    if (task.release == nullptr) {
-      return;
-    }
-    if (task.name == nullptr) {
+    if (task.release != nullptr) {
       task.release(task.args);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(done_mutex);
-    done.emplace_back(task.release, task.args);
-    uncollected.fetch_add(1, std::memory_order_release);
-  }
-
-  // Releases the arguments of the kernels that ran, on the calling thread.
-  void collect() {
-    if (uncollected.load(std::memory_order_acquire) == 0) {
-      return;
-    }
-    std::vector<std::pair<orKernelFn, void*>> ran;
-    {
-      std::lock_guard<std::mutex> lock(done_mutex);
-      ran.swap(done);
-    }
-    if (ran.empty()) {
-      return;
-    }
-    uncollected.fetch_sub(static_cast<int64_t>(ran.size()), std::memory_order_release);
-    for (const auto& [release, args] : ran) {
-      release(args);
     }
   }
 
@@ -253,9 +218,6 @@ struct orStream {
   // meanwhile); reports a kernel failure.
   orError synchronize() {
     wait_until(enqueued.load(std::memory_order_acquire));
-    if (worker_of == nullptr) {
-      collect();
-    }
     return take_failure();
   }
 };
@@ -458,8 +420,7 @@ orError orStreamQuery(orStream_t stream) {
 orError orStreamQueryAll() {
   // Acquire: reading 0 makes every completed task's writes visible, as
   // orStreamQuery's acquire of a stream's completed count does.
-  return pending_tasks.load(std::memory_order_acquire) == 0 && failed_streams.load(std::memory_order_acquire) == 0 &&
-          uncollected.load(std::memory_order_acquire) == 0
+  return pending_tasks.load(std::memory_order_acquire) == 0 && failed_streams.load(std::memory_order_acquire) == 0
       ? orError::Success
       : orError::NotReady;
 }
@@ -536,7 +497,6 @@ orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKerne
     return orError::Success;
   }
   stream->enqueue(Task{kernel, args, release, name});
-  stream->collect();
   if (const detail::Config* config = detail::config(); config != nullptr && config->launch_blocking) {
     return stream->synchronize();
   }
@@ -596,7 +556,6 @@ orError orEventSynchronize(orEvent_t event) {
   const EventState::Point point = event->state->point();
   if (point.stream != nullptr) {
     point.stream->wait_until(point.position);
-    point.stream->collect();
     return point.stream->take_failure();
   }
   return orError::Success;

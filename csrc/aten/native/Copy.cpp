@@ -16,6 +16,7 @@
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegHostAllocator.h"
+#include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegStream.h"
 
 namespace openreg::native {
@@ -147,8 +148,22 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   const at::Tensor& device_side = dst.device().is_privateuseone() ? dst : self;
   c10::DeviceGuard guard(device_side.device());
-  if (same_layout_dense(self, dst) && non_blocking && can_copy_async(self, dst)) {
+  // Between two tensors of one device a copy is queued on its stream whatever
+  // non_blocking says, as CUDA's is: no host memory is involved.
+  const bool on_one_device = self.device() == dst.device();
+  // Inside a kernel (a CPU kernel writing back an output of another dtype,
+  // say) the copy is part of that kernel and happens now, below.
+  if (same_layout_dense(self, dst) && (on_one_device || (non_blocking && can_copy_async(self, dst))) &&
+      !inside_kernel()) {
     copy_async(self, dst);
+    return dst;
+  }
+  if (on_one_device) {
+    // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy_ kernel,
+    // launched on views of the device memory.
+    launch_kernel(
+        dst.device().index(), "openreg::copy_",
+        [to = kernel_cpu_view(dst), from = kernel_cpu_view(self)]() mutable { at::native::copy_(to, from); });
     return dst;
   }
   // A synchronous copy runs after the work queued on the streams of both sides.

@@ -146,21 +146,32 @@ void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
 
 } // namespace
 
-at::TensorIterator owning_copy(const at::TensorIteratorBase& iter) {
+at::TensorIterator kernel_copy(const at::TensorIteratorBase& iter) {
   at::TensorIterator copy(iter);
   for (int64_t arg = 0; arg < copy.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(copy, arg);
-    // An operand exchanged for another tensor (a CPU alias) keeps the
-    // original: own both, the original first.
+    if (!op.tensor_base().defined()) {
+      continue;
+    }
+    // An operand exchanged for a CPU alias of its memory keeps the original:
+    // views of both, the original first.
     const bool exchanged = op.original_tensor_base().defined();
-    at::TensorBase current;
+    at::TensorBase alias;
     if (exchanged) {
-      current = op.tensor_base();
+      alias = op.tensor_base();
       op.restore_original_tensor();
     }
-    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(std::in_place, op.tensor_base()));
+    const at::TensorBase& t = op.tensor_base();
+    at::Tensor kept = kernel_argument(t);
+    if (!t.device().is_privateuseone()) {
+      // A CPU scalar (TensorIterator admits no other CPU operand on openreg)
+      // was copied: the kernel reads the copy.
+      TORCH_INTERNAL_ASSERT(t.dim() == 0 && !exchanged, "a CPU operand of an openreg iterator that is not a scalar");
+      op.data = kept.data_ptr();
+    }
+    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(kept)));
     if (exchanged) {
-      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(current)));
+      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(kernel_view(alias)));
     }
   }
   return copy;

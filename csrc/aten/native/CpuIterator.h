@@ -98,9 +98,10 @@ void run_cpu_stub(Stub& stub, Iter& iter, Args&&... args) {
   cpu_iter.write_back();
 }
 
-// A copy of `iter` that a queued kernel can keep: it owns its operands (the
-// structured classes' iterators borrow theirs from the caller's frame).
-at::TensorIterator owning_copy(const at::TensorIteratorBase& iter);
+// A copy of `iter` that a queued kernel can keep: its operands are
+// kernel_arguments of the caller's (OpenRegLaunch.h), which the structured
+// classes' iterators borrow from the caller's frame.
+at::TensorIterator kernel_copy(const at::TensorIteratorBase& iter);
 
 // "at::native::exp_stub", from the compiler's name of this instantiation
 // (GCC and Clang spell it "[with auto* stub = (& at::native::exp_stub)]" or
@@ -115,8 +116,8 @@ const char* stub_name() {
 // The openreg kernel of every stub of the `stub_cpu_kernel` route
 // (backend_functions.yaml's `stubs: cpu_kernels: true`):
 // CpuKernelOf<&at::native::exp_stub>::run has exactly the stub's function
-// type. It launches CPU's kernel of the stub on the current stream, over a copy
-// of the iterator that owns its operands, with the other arguments copied.
+// type. It launches CPU's kernel of the stub on the current stream, over
+// kernel_copy(iter), with kernel_argument(arg) of the other arguments.
 template <auto* stub, typename FnPtr = typename std::remove_pointer_t<decltype(stub)>::FnPtr>
 struct CpuKernelOf;
 
@@ -156,24 +157,34 @@ class SeenDtypes {
   std::array<std::atomic<uint64_t>, 64> slots_{};
 };
 
+// Launches body(copy) on the current stream of iter's device, where copy is
+// kernel_copy(iter) (body takes an at::TensorIterator&): the launch of every
+// kernel that runs CPU code over an iterator. Inside a kernel, body runs on
+// `iter` itself at once; the first launch of each combination of operand
+// dtypes in `seen` (one per kernel) runs in the calling thread
+// (run_kernel_inline), and so does every launch when launches_in_calling_thread().
+template <typename Iter, typename Body>
+void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body) {
+  if (inside_kernel()) {
+    body(iter);
+    return;
+  }
+  const uint64_t key = dtype_key(iter);
+  if (!seen.contains(key) || launches_in_calling_thread()) {
+    run_kernel_inline(iter.device().index(), [&] { body(iter); });
+    seen.insert(key);
+    return;
+  }
+  launch_kernel(iter.device().index(), name, [copy = kernel_copy(iter), body]() mutable { body(copy); });
+}
+
 template <auto* stub, typename Iter, typename... Args>
 struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
   static void run(Iter& iter, Args... args) {
-    if (orInsideKernel()) {
-      run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
-      return;
-    }
     static SeenDtypes seen;
-    const uint64_t key = dtype_key(iter);
-    if (!seen.contains(key) || orLaunchBlocking()) {
-      join_current_stream(iter.device().index());
-      run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
-      seen.insert(key);
-      return;
-    }
-    launch_kernel(
-        iter.device().index(), stub_name<stub>(),
-        [copy = owning_copy(iter), ... values = std::decay_t<Args>(args)]() mutable { run_cpu_stub(*stub, copy, values...); });
+    launch_iterator_kernel(
+        iter, seen, stub_name<stub>(),
+        [... values = kernel_argument(args)](auto& it) mutable { run_cpu_stub(*stub, it, values...); });
   }
 };
 

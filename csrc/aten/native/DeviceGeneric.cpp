@@ -136,13 +136,19 @@ at::Tensor& masked_fill_tensor(at::Tensor& self, const at::Tensor& mask, const a
 }
 
 void where_kernel(at::TensorIterator& iter) {
-  use_kernel_addresses(iter);
-  at::native::where_kernel(c10::DeviceType::CPU, iter);
+  static SeenDtypes seen;
+  launch_iterator_kernel(iter, seen, "at::native::where_kernel", [](at::TensorIterator& it) {
+    use_kernel_addresses(it);
+    at::native::where_kernel(c10::DeviceType::CPU, it);
+  });
 }
 
 void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
-  use_kernel_addresses(iter);
-  at::native::masked_fill_stub(c10::DeviceType::CPU, iter, value);
+  static SeenDtypes seen;
+  launch_iterator_kernel(iter, seen, "at::native::masked_fill_stub", [value](at::TensorIterator& it) {
+    use_kernel_addresses(it);
+    at::native::masked_fill_stub(c10::DeviceType::CPU, it, value);
+  });
 }
 
 namespace {

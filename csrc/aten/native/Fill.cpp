@@ -24,7 +24,8 @@ namespace {
 // std::fill_n of `value.to<scalar_t>()`, the value CPU's fill kernel writes
 // (with the same error for a value the dtype cannot hold). Building the
 // iterator CPU's fill_ builds cost more than CPU's whole fill_ on a small
-// tensor (docs/performance.md). False (nothing done) for other tensors;
+// tensor (docs/performance.md). The fill is launched on the current stream
+// with the element converted here, as CUDA converts before its launch. False (nothing done) for other tensors;
 // `self` has a plain_dtype.
 bool fill_dense(at::Tensor& self, const at::Scalar& value) {
   const int64_t n = self.numel();
@@ -42,8 +43,11 @@ bool fill_dense(at::Tensor& self, const at::Scalar& value) {
         } else {
           element = value.to<scalar_t>();
         }
-        join_current_stream(self.device().index());
-        std::fill_n(static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr())), n, element);
+        launch_kernel(
+            self.device().index(), "openreg::fill_dense",
+            [data = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr())), n, element] {
+              std::fill_n(data, n, element);
+            });
       }),
       AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
   return true;
@@ -56,19 +60,19 @@ bool fill_dense(at::Tensor& self, const at::Scalar& value) {
 void check_fill_value(at::ScalarType dtype, const at::Scalar& value) {
   AT_DISPATCH_V2(
       dtype, "openreg_fill_check", AT_WRAP([&] { (void)value.to<scalar_t>(); }),
-      AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
+      AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16, at::kComplexHalf,
+      AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
 }
 
 } // namespace
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
-  if (plain_dtype(self.scalar_type())) {
-    if (fill_dense(self, value)) {
-      return self;
-    }
-    if (self.numel() > 1) {
-      check_fill_value(self.scalar_type(), value);
-    }
+  if (plain_dtype(self.scalar_type()) && fill_dense(self, value)) {
+    return self;
+  }
+  // One element: CPU's fill_ converts without the iterator's kernel.
+  if (self.numel() != 1) {
+    check_fill_value(self.scalar_type(), value);
   }
   return at::native::fill_(self, value);
 }
@@ -83,8 +87,9 @@ at::Tensor& zero_(at::Tensor& self) {
     return self;
   }
   if (self.is_non_overlapping_and_dense() && self.numel() < at::internal::GRAIN_SIZE) {
-    join_current_stream(self.device().index());
-    std::memset(orKernelAddress(self.data_ptr()), 0, self.nbytes());
+    launch_kernel(
+        self.device().index(), "openreg::zero_",
+        [data = orKernelAddress(self.data_ptr()), nbytes = self.nbytes()] { std::memset(data, 0, nbytes); });
     return self;
   }
   const OptionalDeviceGuard guard(self.device());
