@@ -1,7 +1,5 @@
 #include "OpenRegStream.h"
 
-#include "aten/OpenRegLaunch.h"
-
 #include <array>
 #include <atomic>
 #include <mutex>

@@ -25,8 +25,8 @@ namespace {
 // (with the same error for a value the dtype cannot hold). Building the
 // iterator CPU's fill_ builds cost more than CPU's whole fill_ on a small
 // tensor (docs/performance.md). The fill is launched on the current stream
-// with the element converted here, as CUDA converts before its launch. False (nothing done) for other tensors;
-// `self` has a plain_dtype.
+// with the element converted here, as CUDA converts before its launch. False
+// (nothing done) for other tensors; `self` has a plain_dtype.
 bool fill_dense(at::Tensor& self, const at::Scalar& value) {
   const int64_t n = self.numel();
   if (n == 0 || n >= at::internal::GRAIN_SIZE || !self.is_non_overlapping_and_dense() || self.is_conj() ||
