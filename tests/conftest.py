@@ -22,37 +22,21 @@ def _restore_current_device():
     torch.openreg.set_device(before)
 
 
+@pytest.fixture(autouse=True)
+def _no_kernel_error_left():
+    """Kernels run asynchronously: a kernel error a test leaves behind would be
+    raised by whichever later test synchronises first. Waiting for every
+    device here reports it as an error of the test that launched the kernel."""
+    yield
+    for device in range(torch.openreg.device_count()):
+        torch.openreg.synchronize(device)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _report_device_memory_faults_first():
     """pytest enables faulthandler after this file imported torch; put openreg's
     report of host accesses to device memory back in front of it."""
     torch_openreg._C._install_fault_handler()
-
-
-# Tests that cannot run under TORCH_OPENREG_SANITIZER=1 for a reason other than
-# a report: while the GPU trace listens, kernels run in the launching thread
-# (docs/runtime.md, "Sanitizer"), and these measure that a launch returns before
-# its kernel runs, or that a kernel's error surfaces at a later synchronising call.
-_NOT_UNDER_SANITIZER = {
-    "tests/test_async.py::test_a_kernel_launch_returns_before_the_kernel_runs": "measures asynchrony",
-    "tests/test_async.py::test_what_needs_the_result_waits_for_it": "measures asynchrony",
-    "tests/test_async.py::test_event_synchronize_waits_for_the_kernels_before_the_record": "measures asynchrony",
-    "tests/test_async.py::test_a_kernel_error_surfaces_at_the_next_synchronising_call_and_the_device_stays_usable":
-        "a kernel error is raised by its launch",
-    "tests/test_async.py::test_each_synchronising_call_reports_a_kernel_error": "a kernel error is raised by its launch",
-    "tests/test_async.py::test_launch_blocking_raises_at_the_launch":
-        "its kernel error is CPU's, not the worker's AcceleratorError",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get("TORCH_OPENREG_SANITIZER", "").strip() != "1":
-        return
-    for item in items:
-        reason = _NOT_UNDER_SANITIZER.get(item.nodeid.split("[")[0])
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(
-                reason=f"kernels run in the launching thread under the sanitizer: {reason}"))
 
 
 def pytest_collection_finish(session):

@@ -11,10 +11,10 @@
 // (c10/cuda/impl/CUDAGuardImpl.h); torch_openreg._C._stream_handle gives
 // Python the same number for a torch.Stream.
 //
-// While no tool listens, each call is GPUTrace::get_trace(): a load of a
-// flag and of an atomic pointer.
+// While no tool listens, each call is a relaxed load of a flag.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 
@@ -24,16 +24,37 @@
 
 namespace openreg::gpu_trace {
 
+// Whether a tool listens: set by torch.openreg.sanitizer's enable() and
+// disable() (_C._set_gpu_trace). c10 keeps a trace activated for good
+// (torch._C._activate_gpu_trace has no inverse), so without this switch every
+// allocation would call into Python for the rest of the process.
+inline std::atomic<bool>& reporting() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+// Whether the calling thread has a Python error set (the Python layer
+// installs the check, csrc/python/Module.cpp): tensors freed while an
+// operator's error travels to Python (its arguments released after the error
+// was set) must not call the hook, whose Python call would fail with a
+// SystemError and clear the error it was raising.
+inline bool (*&python_error_pending())() {
+  static bool (*check)() = nullptr;
+  return check;
+}
+
 // The hook to call, or nullptr. Nothing is reported from inside a kernel: a
 // kernel runs on a stream's worker thread, and the hook takes the GIL, which
 // the thread waiting for that stream may hold. What a kernel allocates and
 // frees inside itself (CPU kernels' temporaries) is no tensor of the program.
-// Nor while an exception unwinds the stack (tensors freed on the way): when it
-// is a python_error the Python error is still set, and the hook's Python call
-// would fail with a SystemError in its place.
+// Nor while an exception unwinds the stack or a Python error is set (above).
 inline const c10::impl::PyInterpreter* listener() {
+  if (C10_LIKELY(!reporting().load(std::memory_order_relaxed))) {
+    return nullptr;
+  }
   const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace();
-  if (C10_LIKELY(interp == nullptr) || orInsideKernel() || std::uncaught_exceptions() > 0) {
+  if (interp == nullptr || orInsideKernel() || std::uncaught_exceptions() > 0 ||
+      (python_error_pending() != nullptr && python_error_pending()())) {
     return nullptr;
   }
   return interp;

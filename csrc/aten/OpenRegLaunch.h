@@ -14,7 +14,6 @@
 // kernel runs it at once (orLaunchKernel).
 #pragma once
 
-#include <atomic>
 #include <new>
 #include <stdexcept>
 #include <type_traits>
@@ -97,19 +96,10 @@ struct QueuedKernel {
 
 } // namespace detail
 
-// Set while torch.openreg.sanitizer is enabled (_C._set_launches_in_caller).
-// Not GPUTrace::get_trace(): torch cannot turn the trace off again.
-inline std::atomic<bool>& launches_in_caller() {
-  static std::atomic<bool> flag{false};
-  return flag;
-}
-
-// Launches run in the calling thread, in stream order: with
-// OPENREG_LAUNCH_BLOCKING=1 (an error is raised by the call that caused it)
-// and while the sanitizer (torch.openreg.sanitizer) watches each kernel's
-// memory traffic from the launching thread.
+// Launches run in the calling thread, in stream order, with
+// OPENREG_LAUNCH_BLOCKING=1: an error is raised by the call that caused it.
 inline bool launches_in_calling_thread() {
-  return orLaunchBlocking() || C10_UNLIKELY(launches_in_caller().load(std::memory_order_relaxed));
+  return orLaunchBlocking();
 }
 
 // True where a launch must run at once: on a stream's worker, or in a kernel

@@ -21,6 +21,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
+#include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
@@ -209,8 +210,10 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)));
   });
-  m.def("_set_launches_in_caller", [](bool on) { openreg::launches_in_caller().store(on); },
-        "Runs kernels in the launching thread (the sanitizer's mode, OpenRegLaunch.h).");
+  m.def("_set_gpu_trace", [](bool on) {
+    openreg::gpu_trace::python_error_pending() = [] { return PyGILState_Check() != 0 && PyErr_Occurred() != nullptr; };
+    openreg::gpu_trace::reporting().store(on);
+  }, "Reports streams, events and memory to torch's GPU trace (OpenRegGpuTrace.h), for the sanitizer.");
   m.def("_current_stream_id", [](int device_index) {
     return openreg::current_stream(static_cast<c10::DeviceIndex>(device_index)).id();
   });

@@ -573,7 +573,7 @@ class Sanitizer:
 
     def enable(self) -> None:
         torch._C._activate_gpu_trace()
-        _C._set_launches_in_caller(True)  # frees seen when the program drops a tensor (OpenRegLaunch.h)
+        _C._set_gpu_trace(True)
         for registry, callback in self.callbacks:
             registry.add_callback(callback)
         # Tensor.numpy() and Tensor.tolist() read CPU memory without dispatching
@@ -593,7 +593,7 @@ class Sanitizer:
         self.replaced.clear()
         for registry, callback in self.callbacks:
             registry.callback_list.remove(callback)
-        _C._set_launches_in_caller(False)
+        _C._set_gpu_trace(False)
 
     def _host_reader(self, name: str, read: Callable[..., Any]) -> Callable[..., Any]:
         handler = self.handler

@@ -71,7 +71,7 @@ class AsCpuIterator {
 
 // Points every operand of `iter` at kernel addresses (orKernelAddress). The
 // kernel that reads them runs in stream order: launched (CpuKernelOf), or
-// after join_current_stream.
+// after join_current_stream (which AsCpuIterator does outside a kernel).
 void use_kernel_addresses(at::TensorIteratorBase& iter);
 
 // The dtypes of AT_ALL_TYPES_AND_COMPLEX, bool, half and bfloat16: those the
@@ -129,12 +129,13 @@ uint64_t dtype_key(const at::TensorIteratorBase& iter);
 // choose on the host before launching, so "not implemented for 'UInt16'" must
 // come from the call. The first launch of each combination runs at once in
 // the launching thread, raising what CPU raises; later ones are queued.
-// Lock-free; a full table (never with the dtypes torch has) queues everything.
+// Lock-free open addressing over 1024 slots (the suite filled 64 for add); a
+// full table queues everything.
 class SeenDtypes {
  public:
   bool contains(uint64_t key) const {
-    for (const auto& slot : slots_) {
-      const uint64_t value = slot.load(std::memory_order_acquire);
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      const uint64_t value = slots_[slot].load(std::memory_order_acquire);
       if (value == key + 1) {
         return true;
       }
@@ -145,16 +146,20 @@ class SeenDtypes {
     return true;
   }
   void insert(uint64_t key) {
-    for (auto& slot : slots_) {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
       uint64_t expected = 0;
-      if (slot.compare_exchange_strong(expected, key + 1) || expected == key + 1) {
+      if (slots_[slot].compare_exchange_strong(expected, key + 1) || expected == key + 1) {
         return;
       }
     }
   }
 
  private:
-  std::array<std::atomic<uint64_t>, 64> slots_{};
+  static constexpr size_t kSlots = 1024;
+  static size_t start(uint64_t key) {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 54); // Fibonacci hashing: top 10 bits
+  }
+  std::array<std::atomic<uint64_t>, kSlots> slots_{};
 };
 
 // Launches body(copy) on the current stream of iter's device, where copy is

@@ -66,6 +66,7 @@
 #include <ATen/ops/uniform_native.h>
 #include <ATen/ops/where_native.h>
 
+#include <ATen/native/Activation.h>
 #include <ATen/native/IndexKernel.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/native/TensorCompare.h>
@@ -149,6 +150,15 @@ void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
     use_kernel_addresses(it);
     at::native::masked_fill_stub(c10::DeviceType::CPU, it, value);
   });
+}
+
+// glu's meta() (at::meta::structured_glu) builds its iterator over the two
+// halves of `self`, narrow()s it drops on return: the iterator's pointers are
+// good, its tensors are gone. A queued kernel copies an iterator's tensors
+// (kernel_copy), so glu's kernel runs in stream order in the calling thread
+// instead, where CPU's kernel reads only the pointers.
+void glu_kernel(at::TensorIteratorBase& iter) {
+  run_kernel_inline(iter.device().index(), [&] { run_cpu_stub(at::native::glu_stub, iter); });
 }
 
 namespace {

@@ -70,10 +70,13 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   if (plain_dtype(self.scalar_type()) && fill_dense(self, value)) {
     return self;
   }
-  // One element: CPU's fill_ converts without the iterator's kernel.
-  if (self.numel() != 1) {
-    check_fill_value(self.scalar_type(), value);
+  if (self.numel() == 1) {
+    // CPU fills one element without the iterator (at::detail::scalar_fill),
+    // whose conversion raises for fewer values (a float8 or half
+    // overflow becomes inf): the element is filled on the CPU and copied.
+    return self.copy_(at::empty({}, self.options().device(at::kCPU)).fill_(value));
   }
+  check_fill_value(self.scalar_type(), value);
   return at::native::fill_(self, value);
 }
 
