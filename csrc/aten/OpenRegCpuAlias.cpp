@@ -14,6 +14,7 @@
 
 #include "aten/OpenRegAllocator.h"
 #include "aten/OpenRegSpinLock.h"
+#include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg {
@@ -193,6 +194,10 @@ bool release_cpu_visible(void* data) {
 
 c10::DataPtr allocate_cpu_visible(c10::DeviceIndex index, size_t nbytes) {
   c10::DataPtr device = allocate_on(index, nbytes);
+  // The host writes this block at once. It came from the current stream's
+  // pool, where another thread may have freed it after this thread joined
+  // the stream while a kernel it queued still uses it: wait for that work.
+  wait_current_stream(index);
   if (device.get() == nullptr) {
     return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
   }
