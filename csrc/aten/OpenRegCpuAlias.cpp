@@ -194,13 +194,13 @@ bool release_cpu_visible(void* data) {
 
 c10::DataPtr allocate_cpu_visible(c10::DeviceIndex index, size_t nbytes) {
   c10::DataPtr device = allocate_on(index, nbytes);
+  if (device.get() == nullptr) {
+    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
+  }
   // The host writes this block at once. It came from the current stream's
   // pool, where another thread may have freed it after this thread joined
   // the stream while a kernel it queued still uses it: wait for that work.
   wait_current_stream(index);
-  if (device.get() == nullptr) {
-    return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
-  }
   void* data = orKernelAddress(device.get());
   {
     CpuVisibleRegistry& r = cpu_visible();

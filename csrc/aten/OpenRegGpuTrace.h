@@ -34,7 +34,7 @@ inline std::atomic<bool>& reporting() {
 }
 
 // Whether the calling thread has a Python error set (the Python layer
-// installs the check, csrc/python/Module.cpp): tensors freed while an
+// installs the check when it loads, csrc/python/Module.cpp): tensors freed while an
 // operator's error travels to Python (its arguments released after the error
 // was set) must not call the hook, whose Python call would fail with a
 // SystemError and clear the error it was raising.

@@ -96,12 +96,6 @@ struct QueuedKernel {
 
 } // namespace detail
 
-// Launches run in the calling thread, in stream order, with
-// OPENREG_LAUNCH_BLOCKING=1: an error is raised by the call that caused it.
-inline bool launches_in_calling_thread() {
-  return orLaunchBlocking();
-}
-
 // True where a launch must run at once: on a stream's worker, or in a kernel
 // the calling thread runs in stream order (run_kernel_inline).
 inline bool inside_kernel() {
@@ -131,7 +125,8 @@ void launch_kernel(c10::DeviceIndex device, const char* name, F&& body) {
     body();
     return;
   }
-  if (launches_in_calling_thread()) {
+  if (orLaunchBlocking()) {
+    // OPENREG_LAUNCH_BLOCKING=1: an error is raised by this call.
     run_kernel_inline(device, std::forward<F>(body));
     return;
   }

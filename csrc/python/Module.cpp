@@ -22,7 +22,6 @@
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegGpuTrace.h"
-#include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
@@ -184,6 +183,7 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
 PYBIND11_MODULE(_C, m) {
   // Before anything can run an openreg operator: CpuKernelCall relies on it.
   openreg::install_cpu_allocator_redirect();
+  openreg::gpu_trace::python_error_pending() = [] { return PyGILState_Check() != 0 && PyErr_Occurred() != nullptr; };
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
   m.def("_check_config", [] {
@@ -210,10 +210,7 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)));
   });
-  m.def("_set_gpu_trace", [](bool on) {
-    openreg::gpu_trace::python_error_pending() = [] { return PyGILState_Check() != 0 && PyErr_Occurred() != nullptr; };
-    openreg::gpu_trace::reporting().store(on);
-  }, "Reports streams, events and memory to torch's GPU trace (OpenRegGpuTrace.h), for the sanitizer.");
+  m.def("_set_gpu_trace", [](bool on) { openreg::gpu_trace::reporting().store(on); }, "Reports streams, events and memory to torch's GPU trace (OpenRegGpuTrace.h), for the sanitizer.");
   m.def("_current_stream_id", [](int device_index) {
     return openreg::current_stream(static_cast<c10::DeviceIndex>(device_index)).id();
   });

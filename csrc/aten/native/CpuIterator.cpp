@@ -208,16 +208,10 @@ void use_kernel_addresses(at::TensorIteratorBase& iter) {
 }
 
 AsCpuIterator::AsCpuIterator(at::TensorIteratorBase& iter) : iter_(iter) {
-  if (!inside_kernel()) {
+  if (!inside_kernel() && iter.ntensors() > 0 && iter.device().is_privateuseone()) {
     // CPU code in the calling thread (a route not launched yet) reads the
     // operands at once: after the stream's work.
-    for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
-      const at::TensorBase& t = IteratorAccess::operand(iter, arg).tensor_base();
-      if (t.defined() && t.device().is_privateuseone()) {
-        join_current_stream(t.device().index());
-        break;
-      }
-    }
+    join_current_stream(iter.device().index());
   }
   promote(iter);
   translate(iter, [&](at::OperandInfo& op, int64_t arg) {

@@ -167,7 +167,7 @@ class SeenDtypes {
 // kernel that runs CPU code over an iterator. Inside a kernel, body runs on
 // `iter` itself at once; the first launch of each combination of operand
 // dtypes in `seen` (one per kernel) runs in the calling thread
-// (run_kernel_inline), and so does every launch when launches_in_calling_thread().
+// (run_kernel_inline), and so does every launch when OPENREG_LAUNCH_BLOCKING=1.
 template <typename Iter, typename Body>
 void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body) {
   if (inside_kernel()) {
@@ -175,7 +175,7 @@ void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body
     return;
   }
   const uint64_t key = dtype_key(iter);
-  if (!seen.contains(key) || launches_in_calling_thread()) {
+  if (!seen.contains(key) || orLaunchBlocking()) {
     run_kernel_inline(iter.device().index(), [&] { body(iter); });
     seen.insert(key);
     return;
