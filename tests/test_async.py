@@ -47,6 +47,67 @@ def test_a_kernel_launch_returns_before_the_kernel_runs():
     torch.testing.assert_close(y.cpu(), x.cpu() + 1, rtol=0, atol=0)
 
 
+# OPENREG_QUEUE_ALL_KERNELS=1 (CI runs the suite with it too) queues small
+# kernels on an idle stream as well.
+SMALL_RUNS_AT_ONCE = os.environ.get("OPENREG_QUEUE_ALL_KERNELS", "0") == "0"
+
+
+def queued(stream=None):
+    """Tasks queued on `stream` (the current one) so far."""
+    stream = stream or torch.openreg.current_stream()
+    return torch.openreg._C._stream_queued_count(stream.stream_id, stream.device_index)
+
+
+def test_a_small_kernel_on_an_idle_stream_runs_at_once_and_a_large_or_busy_one_is_queued():
+    small = torch.ones(16, device=DEVICE)
+    large = torch.ones(1 << 16, device=DEVICE)
+    launched_before(lambda: (small + 1, large + 1))
+    count = queued()
+    y = small + 1  # idle stream, 16 elements: run at once, nothing queued
+    assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
+    count = queued()
+    z = large + 1  # 65536 elements: queued
+    assert queued() == count + 1
+    busy(50)  # the sleep is queued too
+    count = queued()
+    w = small + 2  # behind queued work: queued
+    assert queued() == count + 1
+    assert torch.equal(y.cpu(), torch.full((16,), 2.0))
+    assert torch.equal(z.cpu(), torch.full((1 << 16,), 2.0))
+    assert torch.equal(w.cpu(), torch.full((16,), 3.0))
+
+
+def test_a_small_kernel_run_at_once_reports_its_error_at_the_next_synchronising_call():
+    a = torch.tensor([5, 6], device=DEVICE)
+    zero = torch.zeros_like(a)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    count = queued()
+    torch.div(a, zero, rounding_mode="floor")  # raises nothing here
+    assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
+    with pytest.raises(torch.AcceleratorError, match="div_floor_stub: ZeroDivisionError"):
+        torch.openreg.synchronize()
+    torch.openreg.synchronize()  # reported once
+
+
+def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
+    result = run_script(
+        """
+        import torch
+        s = torch.openreg.current_stream()
+        queued = lambda: torch.openreg._C._stream_queued_count(s.stream_id, s.device_index)
+        x = torch.ones(16, device="openreg")
+        x + 1  # the first launch of a dtype combination runs in the calling thread
+        torch.openreg.synchronize()
+        count = queued()
+        y = x + 1
+        print("queued", queued() - count, y.cpu().tolist() == [2.0] * 16)
+        """,
+        OPENREG_QUEUE_ALL_KERNELS="1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "queued 1 True" in result.stdout
+
+
 def test_kernels_run_in_stream_order():
     x = torch.zeros(1000, device=DEVICE)
     busy(50)
@@ -193,10 +254,11 @@ def test_launch_blocking_raises_at_the_launch():
     assert "launch waited True" in result.stdout
 
 
-def test_a_bad_launch_blocking_value_is_an_error_naming_the_variable():
-    result = run_script("import torch; torch.zeros(1, device='openreg')", OPENREG_LAUNCH_BLOCKING="yes")
+@pytest.mark.parametrize("variable", ["OPENREG_LAUNCH_BLOCKING", "OPENREG_QUEUE_ALL_KERNELS"])
+def test_a_bad_launch_switch_value_is_an_error_naming_the_variable(variable):
+    result = run_script("import torch; torch.zeros(1, device='openreg')", **{variable: "yes"})
     assert result.returncode != 0
-    assert "OPENREG_LAUNCH_BLOCKING='yes' is neither 1 nor 0" in result.stderr
+    assert f"{variable}='yes' is neither 1 nor 0" in result.stderr
 
 
 def test_kernels_see_the_launching_thread_count():

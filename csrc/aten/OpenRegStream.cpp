@@ -160,6 +160,15 @@ orStream_t current_raw_stream(c10::DeviceIndex device) {
   return valid_raw_stream(device, current_ids[device]);
 }
 
+bool current_stream_idle(c10::DeviceIndex device) {
+  if (orStreamQueryAll() == orError::Success) {
+    return true; // nothing queued anywhere: no stream to look up
+  }
+  bool idle = false;
+  OPENREG_CHECK(orStreamIsIdle(current_raw_stream(device), &idle));
+  return idle;
+}
+
 void wait_current_stream(c10::DeviceIndex device) {
   if (orStreamQueryAll() == orError::Success || inside_kernel()) {
     return; // nothing queued or failed anywhere, or already in stream order

@@ -39,5 +39,8 @@ void join_current_stream(c10::DeviceIndex device);
 // The wait of join_current_stream without marking kernel work for the
 // profiler: for calls whose device work is a copy, which the runtime reports.
 void wait_current_stream(c10::DeviceIndex device);
+// Whether the current stream of `device` has nothing queued (a failure it
+// holds is not reported); two loads while no stream has work.
+bool current_stream_idle(c10::DeviceIndex device);
 
 } // namespace openreg

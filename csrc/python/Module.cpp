@@ -210,6 +210,12 @@ PYBIND11_MODULE(_C, m) {
     return reinterpret_cast<uintptr_t>(
         openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)));
   });
+  m.def("_stream_queued_count", [](int64_t stream_id, int device_index) {
+    uint64_t count = 0;
+    OPENREG_CHECK(openreg::orStreamGetQueuedCount(
+        openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)), &count));
+    return count;
+  }, "Tasks queued on the stream so far (orStreamGetQueuedCount).");
   m.def("_set_gpu_trace", [](bool on) { openreg::gpu_trace::reporting().store(on); }, "Reports streams, events and memory to torch's GPU trace (OpenRegGpuTrace.h), for the sanitizer.");
   m.def("_current_stream_id", [](int device_index) {
     return openreg::current_stream(static_cast<c10::DeviceIndex>(device_index)).id();

@@ -122,8 +122,14 @@ orError orStreamGetPriority(orStream_t stream, int* priority);
 // A number unique to the stream in this process, fixed for its life (like
 // cudaStreamGetId); profilers name streams by it.
 orError orStreamGetId(orStream_t stream, uint64_t* id);
+// How many tasks (kernels, copies, host functions, event markers) have been
+// queued on the stream since it was made; a kernel run at once
+// by its caller (docs/runtime.md, "Kernels") is not one.
+orError orStreamGetQueuedCount(orStream_t stream, uint64_t* count);
 // Success when all work queued so far has finished, NotReady otherwise.
 orError orStreamQuery(orStream_t stream);
+// Whether all work queued so far has finished, without reporting a failure.
+orError orStreamIsIdle(orStream_t stream, bool* idle);
 // Success when every stream of every device has finished its queued work (so
 // no per-stream query is needed), NotReady otherwise.
 orError orStreamQueryAll();
@@ -160,6 +166,13 @@ orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKerne
 bool orInsideKernel();
 // Whether OPENREG_LAUNCH_BLOCKING=1 was set when the runtime started.
 bool orLaunchBlocking();
+// Whether OPENREG_QUEUE_ALL_KERNELS=1 was set when the runtime started: the
+// ATen layer then queues every kernel, where it otherwise runs a small one on
+// an idle stream at once.
+bool orQueueAllKernels();
+// A kernel its caller ran in its own thread, in stream order, failed: the
+// failure becomes `stream`'s, reported like a queued kernel's.
+orError orStreamRecordFailure(orStream_t stream, const char* name, const char* message);
 // The failure the last LaunchFailure returned on this thread reported:
 // "<kernel name>: <message>"; "" if none.
 const char* orGetLaunchError();

@@ -93,19 +93,31 @@ orError read_device_memory(InitState& s) {
   return orError::Success;
 }
 
-orError read_launch_blocking(InitState& s) {
-  const char* env = std::getenv("OPENREG_LAUNCH_BLOCKING");
+// A 0/1 switch from the environment: unset, empty or 0 leaves `flag` false.
+orError read_switch(InitState& s, const char* name, const char* what_1_does, bool& flag) {
+  const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0' || std::string(env) == "0") {
     return orError::Success;
   }
   if (std::string(env) != "1") {
     return bad_config(
-        s, std::string("OPENREG_LAUNCH_BLOCKING='") + env +
-            "' is neither 1 nor 0: set it to 1 to run every kernel before its launch returns "
-            "(errors then point at the call that caused them), or unset it.");
+        s, std::string(name) + "='" + env + "' is neither 1 nor 0: set it to 1 to " + what_1_does + ", or unset it.");
   }
-  s.config.launch_blocking = true;
+  flag = true;
   return orError::Success;
+}
+
+orError read_launch_blocking(InitState& s) {
+  if (const orError status = read_switch(
+          s, "OPENREG_LAUNCH_BLOCKING",
+          "run every kernel before its launch returns (errors then point at the call that caused them)",
+          s.config.launch_blocking);
+      status != orError::Success) {
+    return status;
+  }
+  return read_switch(
+      s, "OPENREG_QUEUE_ALL_KERNELS", "queue every kernel, a small one on an idle stream too",
+      s.config.queue_all_kernels);
 }
 
 void initialize(InitState& s) {

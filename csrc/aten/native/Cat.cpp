@@ -74,7 +74,7 @@ void cat_out(
       }
     }
     launch_kernel(
-        out.device().index(), "openreg::cat",
+        out.device().index(), "openreg::cat", out.numel(),
         [dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr())), outer, operands = std::move(operands)] {
           char* to = dst;
           for (int64_t i = 0; i < outer; ++i) {
@@ -88,7 +88,7 @@ void cat_out(
   }
   // CPU's iterators (cat_out_cpu), built here so that their checks raise at
   // the call; one kernel runs copy_stub's CPU kernel over each.
-  std::vector<at::TensorIterator> copies;
+  std::vector<KernelIterator> copies;
   int64_t offset = 0;
   for (const at::Tensor& t : materialized) {
     if (at::native::cat_should_skip_tensor(t)) {
@@ -105,12 +105,12 @@ void cat_out(
                     .cast_common_dtype_to_outputs(true)
                     .enforce_safe_casting_to_output(true)
                     .build();
-    copies.push_back(kernel_copy(iter));
+    copies.emplace_back(iter);
     offset += size;
   }
-  launch_kernel(out.device().index(), "openreg::cat", [copies = std::move(copies)]() mutable {
-    for (at::TensorIterator& copy : copies) {
-      run_cpu_stub(at::native::copy_stub, copy, /*non_blocking=*/false);
+  launch_kernel(out.device().index(), "openreg::cat", out.numel(), [copies = std::move(copies)]() mutable {
+    for (const KernelIterator& copy : copies) {
+      copy.run([](at::TensorIterator& iter) { run_cpu_stub(at::native::copy_stub, iter, /*non_blocking=*/false); });
     }
   });
 }

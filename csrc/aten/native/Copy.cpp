@@ -102,6 +102,17 @@ void report_sync_copy(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 void copy_async(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.device() == dst.device()) {
+    // Within one device, a small copy on an idle stream is done at once, as a
+    // small kernel is (docs/runtime.md, "Kernels"): baddbmm's meta() copies
+    // its input into the output and its kernel waits for that copy.
+    auto copy = [&] {
+      parallel_memcpy(dst.mutable_data_ptr(), src.const_data_ptr(), dst.nbytes(), orMemcpyKind::DeviceToDevice);
+    };
+    if (run_small_kernel_if_idle(dst.device().index(), "openreg::copy_", dst.numel(), copy)) {
+      return;
+    }
+  }
   const c10::Stream stream = current_stream(stream_device(src, dst));
   if (src.device().is_privateuseone() && dst.device().is_privateuseone() && src.device() != dst.device()) {
     // The source's device must have produced it first.
@@ -162,7 +173,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy_ kernel,
     // launched on views of the device memory.
     launch_kernel(
-        dst.device().index(), "openreg::copy_",
+        dst.device().index(), "openreg::copy_", dst.numel(),
         [to = kernel_cpu_view(dst), from = kernel_cpu_view(self)]() mutable { at::native::copy_(to, from); });
     return dst;
   }

@@ -6,7 +6,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
@@ -146,35 +148,74 @@ void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
 
 } // namespace
 
-at::TensorIterator kernel_copy(const at::TensorIteratorBase& iter) {
-  at::TensorIterator copy(iter);
-  for (int64_t arg = 0; arg < copy.ntensors(); ++arg) {
-    at::OperandInfo& op = IteratorAccess::operand(copy, arg);
-    if (!op.tensor_base().defined()) {
-      continue;
+KernelIterator::KernelIterator(const at::TensorIteratorBase& iter) : iter_(iter) {
+  operands_.resize(static_cast<size_t>(iter_.ntensors()));
+  for (int64_t arg = 0; arg < iter_.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter_, arg);
+    Operand& kept = operands_[static_cast<size_t>(arg)];
+    const at::TensorBase& t = op.original_tensor_base().defined() ? op.original_tensor_base() : op.tensor_base();
+    if (t.defined() && !t.device().is_privateuseone()) {
+      // A CPU scalar (TensorIterator admits no other CPU operand on openreg)
+      // is copied: the kernel reads the copy.
+      TORCH_INTERNAL_ASSERT(
+          t.dim() == 0 && !op.original_tensor_base().defined(), "a CPU operand of an openreg iterator that is not a scalar");
+      kept.cpu_scalar = kernel_argument(t);
+      op.data = kept.cpu_scalar.data_ptr();
+    } else if (t.defined()) {
+      kept.tensor = kernel_tensor_meta(t);
+      if (op.original_tensor_base().defined()) {
+        kept.alias = kernel_tensor_meta(op.tensor_base());
+        kept.exchanged = true;
+      }
     }
-    // An operand exchanged for a CPU alias of its memory keeps the original:
-    // views of both, the original first.
-    const bool exchanged = op.original_tensor_base().defined();
-    at::TensorBase alias;
-    if (exchanged) {
-      alias = op.tensor_base();
+    if (op.original_tensor_base().defined()) {
       op.restore_original_tensor();
     }
-    const at::TensorBase& t = op.tensor_base();
-    at::Tensor kept = kernel_argument(t);
-    if (!t.device().is_privateuseone()) {
-      // A CPU scalar (TensorIterator admits no other CPU operand on openreg)
-      // was copied: the kernel reads the copy.
-      TORCH_INTERNAL_ASSERT(t.dim() == 0 && !exchanged, "a CPU operand of an openreg iterator that is not a scalar");
-      op.data = kept.data_ptr();
-    }
-    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(std::move(kept)));
-    if (exchanged) {
-      op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(kernel_view(alias)));
+    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(at::TensorBase()));
+  }
+}
+
+namespace {
+// The iterators Views hand out in this thread, by nesting level.
+struct ViewIterators {
+  std::vector<std::unique_ptr<at::TensorIterator>> levels;
+  size_t used = 0;
+};
+thread_local ViewIterators view_iterators;
+} // namespace
+
+KernelIterator::Views::Views(const KernelIterator& copy)
+    : iter([]() -> at::TensorIterator& {
+        ViewIterators& v = view_iterators;
+        if (v.used == v.levels.size()) {
+          v.levels.push_back(std::make_unique<at::TensorIterator>());
+        }
+        return *v.levels[v.used++];
+      }()) {
+  iter = copy.iter_;
+  for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter, arg);
+    const Operand& kept = copy.operands_[static_cast<size_t>(arg)];
+    if (kept.cpu_scalar.defined()) {
+      op.tensor(c10::MaybeOwned<at::TensorBase>::borrowed(kept.cpu_scalar));
+    } else if (kept.tensor.defined) {
+      op.tensor(c10::MaybeOwned<at::TensorBase>::owned(kernel_view(kept.tensor)));
+      if (kept.exchanged) {
+        op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(kernel_view(kept.alias)));
+      }
     }
   }
-  return copy;
+}
+
+KernelIterator::Views::~Views() {
+  for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter, arg);
+    if (op.original_tensor_base().defined()) {
+      op.restore_original_tensor();
+    }
+    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(at::TensorBase()));
+  }
+  --view_iterators.used;
 }
 
 uint64_t dtype_key(const at::TensorIteratorBase& iter) {

@@ -98,10 +98,49 @@ void run_cpu_stub(Stub& stub, Iter& iter, Args&&... args) {
   cpu_iter.write_back();
 }
 
-// A copy of `iter` that a queued kernel can keep: its operands are
-// kernel_arguments of the caller's (OpenRegLaunch.h), which the structured
-// classes' iterators borrow from the caller's frame.
-at::TensorIterator kernel_copy(const at::TensorIteratorBase& iter);
+// A copy of `iter` that a queued kernel can keep. The structured classes'
+// iterators borrow their operands from the caller's frame, so the copy keeps
+// none of the caller's tensors: the launching thread captures what a
+// kernel_view of each needs (KernelTensorMeta); a CPU scalar operand is
+// copied (kernel_argument). run(f), in the thread that runs the kernel, calls
+// f on that thread's own iterator, assigned from the copy, with views as its
+// operands, and drops the views afterwards. The kernel's thread makes and
+// frees the views, and it only reads the copy: the launching thread, which
+// frees the copy (OpenRegLaunch.h), then finds its memory in its own cache
+// (a kernel writing into the copy cost each launch a few tenths of a
+// microsecond in cache misses).
+class KernelIterator {
+ public:
+  explicit KernelIterator(const at::TensorIteratorBase& iter);
+
+  template <typename F>
+  void run(F&& f) const {
+    Views views(*this);
+    f(views.iter);
+  }
+
+ private:
+  // The calling thread's iterator for a kernel of `copy` (one per nesting
+  // level), its operands views of copy's, until destroyed.
+  struct Views {
+    explicit Views(const KernelIterator& copy);
+    Views(const Views&) = delete;
+    Views& operator=(const Views&) = delete;
+    ~Views();
+    at::TensorIterator& iter;
+  };
+
+  struct Operand {
+    KernelTensorMeta tensor;
+    // An operand exchanged for a CPU alias of its memory keeps the original:
+    // views of both (the alias's when `exchanged`).
+    KernelTensorMeta alias;
+    bool exchanged = false;
+    at::Tensor cpu_scalar; // a CPU scalar operand's copy
+  };
+  at::TensorIterator iter_;
+  c10::SmallVector<Operand, 4> operands_;
+};
 
 // "at::native::exp_stub", from the compiler's name of this instantiation
 // (GCC and Clang spell it "[with auto* stub = (& at::native::exp_stub)]" or
@@ -117,7 +156,7 @@ const char* stub_name() {
 // (backend_functions.yaml's `stubs: cpu_kernels: true`):
 // CpuKernelOf<&at::native::exp_stub>::run has exactly the stub's function
 // type. It launches CPU's kernel of the stub on the current stream, over
-// kernel_copy(iter), with kernel_argument(arg) of the other arguments.
+// KernelIterator(iter), with kernel_argument(arg) of the other arguments.
 template <auto* stub, typename FnPtr = typename std::remove_pointer_t<decltype(stub)>::FnPtr>
 struct CpuKernelOf;
 
@@ -162,8 +201,17 @@ class SeenDtypes {
   std::array<std::atomic<uint64_t>, kSlots> slots_{};
 };
 
+template <typename Body>
+struct IteratorKernel {
+  KernelIterator copy;
+  Body body;
+  void operator()() {
+    copy.run(body);
+  }
+};
+
 // Launches body(copy) on the current stream of iter's device, where copy is
-// kernel_copy(iter) (body takes an at::TensorIterator&): the launch of every
+// KernelIterator(iter)'s iterator in the kernel (body takes an at::TensorIterator&): the launch of every
 // kernel that runs CPU code over an iterator. Inside a kernel, body runs on
 // `iter` itself at once; the first launch of each combination of operand
 // dtypes in `seen` (one per kernel) runs in the calling thread
@@ -175,12 +223,16 @@ void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body
     return;
   }
   const uint64_t key = dtype_key(iter);
-  if (!seen.contains(key) || orLaunchBlocking()) {
+  if (!seen.contains(key) || launch_blocking()) {
     run_kernel_inline(iter.device().index(), [&] { body(iter); });
     seen.insert(key);
     return;
   }
-  launch_kernel(iter.device().index(), name, [copy = kernel_copy(iter), body]() mutable { body(copy); });
+  auto run = [&] { body(iter); };
+  if (run_small_kernel_if_idle(iter.device().index(), name, iter.numel(), run)) {
+    return;
+  }
+  launch_kernel_made(iter.device().index(), name, [&] { return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body}; });
 }
 
 template <auto* stub, typename Iter, typename... Args>

@@ -44,7 +44,7 @@ bool fill_dense(at::Tensor& self, const at::Scalar& value) {
           element = value.to<scalar_t>();
         }
         launch_kernel(
-            self.device().index(), "openreg::fill_dense",
+            self.device().index(), "openreg::fill_dense", n,
             [data = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr())), n, element] {
               std::fill_n(data, n, element);
             });
@@ -91,7 +91,7 @@ at::Tensor& zero_(at::Tensor& self) {
   }
   if (self.is_non_overlapping_and_dense() && self.numel() < at::internal::GRAIN_SIZE) {
     launch_kernel(
-        self.device().index(), "openreg::zero_",
+        self.device().index(), "openreg::zero_", self.numel(),
         [data = orKernelAddress(self.data_ptr()), nbytes = self.nbytes()] { std::memset(data, 0, nbytes); });
     return self;
   }
