@@ -103,15 +103,25 @@ void report_sync_copy(const at::Tensor& src, const at::Tensor& dst) {
 
 void copy_async(const at::Tensor& src, const at::Tensor& dst) {
   if (src.device() == dst.device()) {
-    // Within one device, a small copy on an idle stream is done at once, as a
-    // small kernel is (docs/runtime.md, "Kernels"): baddbmm's meta() copies
-    // its input into the output and its kernel waits for that copy.
-    auto copy = [&] {
-      parallel_memcpy(dst.mutable_data_ptr(), src.const_data_ptr(), dst.nbytes(), orMemcpyKind::DeviceToDevice);
-    };
-    if (run_small_kernel_if_idle(dst.device().index(), "openreg::copy_", dst.numel(), copy)) {
-      return;
-    }
+    // Within one device the copy is a kernel (launch_kernel): a small one on
+    // an idle stream is done at once (baddbmm's meta() copies its input into
+    // the output, and its kernel waits for that copy), a large one on the
+    // worker with the launching thread's intra-op threads, at CPU's copy_
+    // bandwidth (the runtime's orMemcpyAsync copies in one thread). The copy
+    // carries the launching operator's correlation id for the profiler.
+    launch_kernel(
+        dst.device().index(), "openreg::copy_", dst.numel(),
+        [to = dst.mutable_data_ptr(), from = src.const_data_ptr(), nbytes = dst.nbytes(),
+         correlation_id = orActivityGetExternalCorrelationId()] {
+          OPENREG_CHECK(orActivityPushExternalCorrelationId(correlation_id));
+          struct Pop {
+            ~Pop() {
+              orActivityPopExternalCorrelationId();
+            }
+          } pop;
+          parallel_memcpy(to, from, nbytes, orMemcpyKind::DeviceToDevice);
+        });
+    return;
   }
   const c10::Stream stream = current_stream(stream_device(src, dst));
   if (src.device().is_privateuseone() && dst.device().is_privateuseone() && src.device() != dst.device()) {

@@ -155,7 +155,7 @@ void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
 // glu's meta() (at::meta::structured_glu) builds its iterator over the two
 // halves of `self`, narrow()s it drops on return: the iterator's pointers are
 // good, its tensors are gone. A queued kernel copies an iterator's tensors
-// (kernel_copy), so glu's kernel runs in stream order in the calling thread
+// (KernelIterator), so glu's kernel runs in stream order in the calling thread
 // instead, where CPU's kernel reads only the pointers.
 void glu_kernel(at::TensorIteratorBase& iter) {
   run_kernel_inline(iter.device().index(), [&] { run_cpu_stub(at::native::glu_stub, iter); });
