@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ops.py [--size small|large|both] [--only add,sort,...]
                                    [--repeat N] [--calls-scale F] [--json FILE]
+                                   [--sanitizer]
 
 Each case runs interleaved: pairs of batches, a batch of calls on CPU and one
 on openreg, in alternating order (CPU first, then openreg first; the device is
@@ -495,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", metavar="SUBSTR", help="comma list: run the cases whose name contains one of them")
     parser.add_argument("--calls-scale", type=float, default=1.0, metavar="F",
                         help=f"multiply the calls per batch ({SMALL_CALLS} small, 1-3 large), e.g. 0.01 for a smoke test")
+    parser.add_argument("--sanitizer", action="store_true",
+                        help="run under torch.openreg.sanitizer (as TORCH_OPENREG_SANITIZER=1): its cost is "
+                             "the openreg column against a run without")
     args = parser.parse_args(argv)
     if (args.repeat is not None and args.repeat < 1) or args.placements < 1 or args.calls_scale <= 0:
         parser.error("--repeat and --placements must be at least 1, --calls-scale positive")
@@ -504,12 +508,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only {args.only}: no case matches; the cases are {', '.join(c.name for c in CASES)}")
     sizes = {"small": (False,), "large": (True,), "both": (False, True)}[args.size]
 
+    if args.sanitizer:
+        torch.openreg.sanitizer.enable()
     bound = info.bindings()
     labels = {c.name: info.classify(c.op, bound).category for c in cases}
     repeat = {size: args.repeat or REPEAT[size] for size in REPEAT}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"repeat {repeat['small']} small / {repeat['large']} large, "
-          f"placements {args.placements}, calls x{args.calls_scale:g}; ratio = openreg / CPU")
+          f"placements {args.placements}, calls x{args.calls_scale:g}"
+          f"{', sanitizer on' if torch.openreg.sanitizer.is_enabled() else ''}; ratio = openreg / CPU")
     print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio", "q1-q3",
                      "  GB/s cpu / openreg"))
     rows = []

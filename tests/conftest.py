@@ -22,6 +22,16 @@ def _restore_current_device():
     torch.openreg.set_device(before)
 
 
+@pytest.fixture(autouse=True)
+def _no_kernel_error_left():
+    """Kernels run asynchronously: a kernel error a test leaves behind would be
+    raised by whichever later test synchronises first. Waiting for every
+    device here reports it as an error of the test that launched the kernel."""
+    yield
+    for device in range(torch.openreg.device_count()):
+        torch.openreg.synchronize(device)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _report_device_memory_faults_first():
     """pytest enables faulthandler after this file imported torch; put openreg's

@@ -15,6 +15,7 @@ from torch_openreg import info
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
 BENCH_MODELS = ROOT / "benchmarks" / "bench_models.py"
+BENCH_LAUNCH = ROOT / "benchmarks" / "bench_launch.py"
 
 
 def bench_ops_cases() -> list:
@@ -77,3 +78,10 @@ def test_bench_models_reports_every_model_and_phase_with_its_fallbacks(tmp_path)
         assert r["calls"] == 1
         assert isinstance(r["fallback_ops"], dict)
         assert len(r["profile"]) == 2 and all(p["op"] for p in r["profile"])
+
+
+def test_bench_launch_reports_the_sequence_and_the_queued_launch_latency(tmp_path):
+    report = run_benchmark(BENCH_LAUNCH, tmp_path / "bench_launch.json", "--repeat", "1", "--kernels", "20")
+    assert report["kernels"] == 20
+    for key in ("cpu_us", "sequence_us", "queued_launch_us"):
+        assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])

@@ -101,6 +101,7 @@ def test_non_blocking_host_to_device_copy_returns_before_the_stream_runs_it():
     src = torch.arange(N, dtype=torch.float32).pin_memory()
     dst = torch.empty(N, device="openreg")
     s = torch.openreg.Stream()
+    s.wait_stream(torch.openreg.current_stream())  # dst was allocated on the default stream
     with torch.openreg.stream(s):
         torch.openreg._sleep(300)
         start = time.perf_counter()
@@ -109,6 +110,7 @@ def test_non_blocking_host_to_device_copy_returns_before_the_stream_runs_it():
         assert not s.query()
         doubled = dst * 2  # a kernel on the stream runs after the copy
     assert returned_after < 0.2
+    s.synchronize()  # .cpu() below reads on the default stream, as on CUDA
     assert_close(doubled.cpu(), src * 2)
 
 
@@ -138,12 +140,14 @@ def test_wait_stream_orders_work_across_streams():
     producer, consumer = torch.openreg.Stream(), torch.openreg.Stream()
     src = torch.arange(N, dtype=torch.float32).pin_memory()
     dst = torch.empty(N, device="openreg")
+    producer.wait_stream(torch.openreg.current_stream())  # dst was allocated on the default stream
     with torch.openreg.stream(producer):
         torch.openreg._sleep(200)
         dst.copy_(src, non_blocking=True)
     consumer.wait_stream(producer)
     with torch.openreg.stream(consumer):
         result = dst + 1
+    consumer.synchronize()  # .cpu() below reads on the default stream
     assert_close(result.cpu(), src + 1)
 
 
@@ -168,6 +172,7 @@ def test_a_kernel_waits_for_its_own_stream_only():
         torch.openreg._sleep(400)
     src = torch.arange(N, dtype=torch.float32).pin_memory()
     dst = torch.empty(N, device="openreg")
+    own.wait_stream(torch.openreg.current_stream())  # dst was allocated on the default stream
     start = time.perf_counter()
     with torch.openreg.stream(own):
         dst.copy_(src, non_blocking=True)
@@ -176,6 +181,7 @@ def test_a_kernel_waits_for_its_own_stream_only():
     elapsed = time.perf_counter() - start
     assert not busy.query()
     assert elapsed < 0.3
+    own.synchronize()  # .cpu() below reads on the default stream
     assert_close(doubled.cpu(), src * 2)
     assert_close(x.cpu(), torch.full((4,), 2.0))
 

@@ -340,6 +340,7 @@ def test_cat_waits_for_a_copy_queued_on_its_stream():
         torch.openreg._sleep(20)
         dst.copy_(src, non_blocking=True)
         r = torch.cat([dst[:8], dst[:8]])
+    torch.openreg.current_stream().wait_stream(s)  # r is s's work
     assert torch.equal(r.cpu(), torch.cat([src[:8], src[:8]]))
 
 

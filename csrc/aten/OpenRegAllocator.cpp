@@ -21,6 +21,7 @@
 #include "OpenRegAllocator.h"
 
 #include <array>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegGpuTrace.h"
 #include "OpenRegSpinLock.h"
 #include "OpenRegStream.h"
 
@@ -493,6 +495,23 @@ class DeviceCache {
   std::vector<Block*> recent_; // freed small blocks, not merged, oldest first
 };
 
+// The stream whose pool serves an allocation. The pools are stream-ordered:
+// a block freed by the host is handed to later work on its stream, which runs
+// after the kernels that used it. A kernel running on a stream's worker is
+// behind the host in that order, so what it allocates (a temporary of CPU's
+// kernel, an output cast to another dtype) comes from a pool of the worker's
+// own, never shared with the host: a host-freed block still used by a queued
+// kernel cannot become a running kernel's scratch memory.
+c10::StreamId allocation_stream(c10::DeviceIndex device) {
+  if (C10_UNLIKELY(orInsideKernel())) {
+    static std::atomic<c10::StreamId> next_worker_pool{0};
+    // Negative: no stream of c10 has such an id.
+    thread_local const c10::StreamId worker_pool = -1 - next_worker_pool.fetch_add(1);
+    return worker_pool;
+  }
+  return current_stream_id(device);
+}
+
 class OpenRegAllocator final : public c10::DeviceAllocator {
  public:
   OpenRegAllocator() {
@@ -510,7 +529,10 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return {nullptr, nullptr, &delete_block, where};
     }
-    Block* block = caches_[device]->allocate(nbytes, current_stream_id(device));
+    Block* block = caches_[device]->allocate(nbytes, allocation_stream(device));
+    // Outside the cache's lock, as CUDACachingAllocator's malloc reports it:
+    // the hook takes the GIL.
+    gpu_trace::memory_allocation(block->ptr);
     return {block->ptr, block, &delete_block, where};
   }
 
@@ -589,6 +611,9 @@ OpenRegAllocator& allocator_instance() {
 
 void OpenRegAllocator::delete_block(void* ctx) {
   if (ctx != nullptr) {
+    // When the tensor lets go of the block, whatever record_stream deferred,
+    // as CUDACachingAllocator's free reports it.
+    gpu_trace::memory_deallocation(static_cast<Block*>(ctx)->ptr);
     allocator_instance().free_block(static_cast<Block*>(ctx));
   }
 }

@@ -14,6 +14,7 @@
 
 #include "aten/OpenRegAllocator.h"
 #include "aten/OpenRegSpinLock.h"
+#include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg {
@@ -196,6 +197,10 @@ c10::DataPtr allocate_cpu_visible(c10::DeviceIndex index, size_t nbytes) {
   if (device.get() == nullptr) {
     return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU));
   }
+  // The host writes this block at once. It came from the current stream's
+  // pool, where another thread may have freed it after this thread joined
+  // the stream while a kernel it queued still uses it: wait for that work.
+  wait_current_stream(index);
   void* data = orKernelAddress(device.get());
   {
     CpuVisibleRegistry& r = cpu_visible();

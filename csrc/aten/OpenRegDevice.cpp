@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "OpenRegException.h"
+#include "OpenRegGpuTrace.h"
 
 namespace openreg {
 namespace {
@@ -85,6 +86,9 @@ void set_device(c10::DeviceIndex index) {
 
 void synchronize(c10::DeviceIndex index) {
   check_device_index(index);
+  // torch.openreg.synchronize() comes here directly, not through the guard's
+  // synchronizeDevice, so the trace is reported here for both.
+  gpu_trace::device_synchronization();
   OPENREG_CHECK(orDeviceSynchronize(index));
 }
 

@@ -4,6 +4,7 @@
 
 #include "OpenRegAllocator.h"
 #include "OpenRegDevice.h"
+#include "OpenRegGpuTrace.h"
 #include "OpenRegStream.h"
 #include "OpenRegException.h"
 
@@ -76,11 +77,16 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    const orError status = orStreamQuery(raw_stream(stream));
+    orStream_t raw = raw_stream(stream);
+    const orError status = orStreamQuery(raw);
     if (status == orError::NotReady) {
       return false;
     }
     OPENREG_CHECK(status);
+    // Seeing the stream idle orders the host after its work, as a
+    // synchronize would; CUDA's guard reports no query, so a program that
+    // polls instead of synchronizing would look unsynchronised to the sanitizer.
+    gpu_trace::stream_synchronization(raw);
     return true;
   }
 
@@ -110,15 +116,19 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       OPENREG_CHECK(orEventCreateWithFlags(
           &created, flag == c10::EventFlag::BACKEND_DEFAULT ? orEventDefault : orEventDisableTiming));
       *event = created;
+      gpu_trace::event_creation(created);
     }
     OPENREG_CHECK(orEventRecord(static_cast<orEvent_t>(*event), raw));
+    gpu_trace::event_record(static_cast<orEvent_t>(*event), raw);
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) {
       return; // never recorded: nothing to wait for, as in CUDA
     }
-    OPENREG_CHECK(orStreamWaitEvent(raw_stream(stream), static_cast<orEvent_t>(event)));
+    orStream_t raw = raw_stream(stream);
+    OPENREG_CHECK(orStreamWaitEvent(raw, static_cast<orEvent_t>(event)));
+    gpu_trace::event_wait(static_cast<orEvent_t>(event), raw);
   }
 
   bool queryEvent(void* event) const override {
@@ -130,17 +140,20 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return false;
     }
     OPENREG_CHECK(status);
+    gpu_trace::event_synchronization(static_cast<orEvent_t>(event)); // as queryStream
     return true;
   }
 
   void synchronizeEvent(void* event) const override {
     if (event != nullptr) {
+      gpu_trace::event_synchronization(static_cast<orEvent_t>(event));
       OPENREG_CHECK(orEventSynchronize(static_cast<orEvent_t>(event)));
     }
   }
 
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     if (event != nullptr) {
+      gpu_trace::event_deletion(static_cast<orEvent_t>(event));
       (void)orEventDestroy(static_cast<orEvent_t>(event));
     }
   }

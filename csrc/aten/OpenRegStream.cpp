@@ -6,6 +6,8 @@
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
+#include "OpenRegGpuTrace.h"
+#include "OpenRegLaunch.h"
 #include "OpenRegTrace.h"
 
 namespace openreg {
@@ -61,6 +63,7 @@ orStream_t pool_stream(c10::DeviceIndex device, int level, int index) {
     const orError status = orStreamCreateWithPriority(&stream, level == 1 ? -1 : 0);
     set_device(static_cast<c10::DeviceIndex>(previous));
     OPENREG_CHECK(status);
+    gpu_trace::stream_creation(stream); // where CUDA's pool streams report it (CUDAStream.cpp)
     return stream;
   });
 }
@@ -80,6 +83,7 @@ orStream_t valid_raw_stream(c10::DeviceIndex device, c10::StreamId id) {
     return made_once(d.default_stream, d.once, [&] {
       orStream_t stream = nullptr;
       OPENREG_CHECK(orStreamGetDefault(&stream, device));
+      gpu_trace::stream_creation(stream);
       return stream;
     });
   }
@@ -145,19 +149,31 @@ int stream_priority(const c10::Stream& stream) {
 }
 
 void synchronize_stream(const c10::Stream& stream) {
-  OPENREG_CHECK(orStreamSynchronize(raw_stream(stream)));
+  orStream_t raw = raw_stream(stream);
+  gpu_trace::stream_synchronization(raw); // before the wait, as c10/cuda/CUDAFunctions.h's stream_synchronize
+  OPENREG_CHECK(orStreamSynchronize(raw));
+}
+
+orStream_t current_raw_stream(c10::DeviceIndex device) {
+  // `device` is a tensor's, so valid, and current ids are validated when set.
+  TORCH_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "openreg device index ", static_cast<int>(device));
+  return valid_raw_stream(device, current_ids[device]);
+}
+
+bool current_stream_idle(c10::DeviceIndex device) {
+  if (orStreamQueryAll() == orError::Success) {
+    return true; // nothing queued anywhere: no stream to look up
+  }
+  bool idle = false;
+  OPENREG_CHECK(orStreamIsIdle(current_raw_stream(device), &idle));
+  return idle;
 }
 
 void wait_current_stream(c10::DeviceIndex device) {
-  if (orStreamQueryAll() == orError::Success) {
-    return; // nothing queued anywhere, so neither on the current stream
+  if (orStreamQueryAll() == orError::Success || inside_kernel()) {
+    return; // nothing queued or failed anywhere, or already in stream order
   }
-  // `device` is a tensor's, so valid, and current ids are validated when set.
-  TORCH_INTERNAL_ASSERT(device >= 0 && device < kMaxDevices, "openreg device index ", static_cast<int>(device));
-  orStream_t raw = valid_raw_stream(device, current_ids[device]);
-  if (orStreamQuery(raw) == orError::NotReady) {
-    OPENREG_CHECK(orStreamSynchronize(raw));
-  }
+  OPENREG_CHECK(orStreamSynchronize(current_raw_stream(device)));
 }
 
 void join_current_stream(c10::DeviceIndex device) {

@@ -25,13 +25,22 @@ c10::Stream stream_from_pool(c10::DeviceIndex device, int priority);
 int stream_priority(const c10::Stream& stream);
 void synchronize_stream(const c10::Stream& stream);
 
-// Kernels run in the thread that launches them; before one touches the
-// memory of `device`, the work queued on the current stream must be done
-// (an asynchronous copy into its input, say). One atomic load when idle.
+// The runtime stream current for `device` (valid) on this thread.
+orStream_t current_raw_stream(c10::DeviceIndex device);
+
+// For the code that touches the memory of `device` from the calling thread
+// rather than from a kernel queued on the stream (launch_kernel,
+// OpenRegLaunch.h): waits for the work queued on the current stream (an
+// asynchronous kernel or copy writing its input, say) and reports a failed
+// kernel. Two atomic loads when idle; nothing inside a kernel, which is
+// already in stream order.
 void join_current_stream(c10::DeviceIndex device);
 
 // The wait of join_current_stream without marking kernel work for the
 // profiler: for calls whose device work is a copy, which the runtime reports.
 void wait_current_stream(c10::DeviceIndex device);
+// Whether the current stream of `device` has nothing queued (a failure it
+// holds is not reported); two loads while no stream has work.
+bool current_stream_idle(c10::DeviceIndex device);
 
 } // namespace openreg

@@ -21,6 +21,7 @@
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
+#include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
@@ -182,6 +183,7 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
 PYBIND11_MODULE(_C, m) {
   // Before anything can run an openreg operator: CpuKernelCall relies on it.
   openreg::install_cpu_allocator_redirect();
+  openreg::gpu_trace::python_error_pending() = [] { return PyGILState_Check() != 0 && PyErr_Occurred() != nullptr; };
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
   m.def("_check_config", [] {
@@ -201,6 +203,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_device_properties", &device_properties);
   m.def("_stream_priority", [](int64_t stream_id, int device_index) {
     return openreg::stream_priority(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id));
+  });
+  // The number the GPU trace names a stream by (OpenRegGpuTrace.h), for the
+  // sanitizer to name the stream an operator runs on the same way.
+  m.def("_stream_handle", [](int64_t stream_id, int device_index) {
+    return reinterpret_cast<uintptr_t>(
+        openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)));
+  });
+  m.def("_stream_queued_count", [](int64_t stream_id, int device_index) {
+    uint64_t count = 0;
+    OPENREG_CHECK(openreg::orStreamGetQueuedCount(
+        openreg::raw_stream(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id)), &count));
+    return count;
+  }, "Tasks queued on the stream so far (orStreamGetQueuedCount).");
+  m.def("_set_gpu_trace", [](bool on) { openreg::gpu_trace::reporting().store(on); }, "Reports streams, events and memory to torch's GPU trace (OpenRegGpuTrace.h), for the sanitizer.");
+  m.def("_current_stream_id", [](int device_index) {
+    return openreg::current_stream(static_cast<c10::DeviceIndex>(device_index)).id();
+  });
+  // (device, stream id) of the stream the caching allocator hands device
+  // memory at `ptr` out on when this thread allocates it: the current stream
+  // of the pointer's device (OpenRegAllocator.cpp, allocate_on).
+  m.def("_allocation_stream", [](uintptr_t ptr) {
+    openreg::orPointerAttributes attributes;
+    OPENREG_CHECK(openreg::orPointerGetAttributes(&attributes, reinterpret_cast<const void*>(ptr)));
+    TORCH_CHECK(attributes.is_device, "_allocation_stream: ", ptr, " is no openreg device address");
+    const auto device = static_cast<c10::DeviceIndex>(attributes.device);
+    return std::make_pair(static_cast<int>(device), openreg::current_stream(device).id());
   });
   m.def("_stream_priority_range", [] {
     int least = 0;

@@ -16,10 +16,10 @@
 // comparison and one addition, no system call, so native kernels keep CPU
 // speed.
 //
-// Streams. Each stream is an in-order queue served by its own worker thread.
-// Asynchronous copies and event records run on the worker; kernels run in the
-// thread that launches them once earlier work on their stream has finished
-// (orStreamSynchronize), which keeps them ordered with the stream's copies.
+// Streams. Each stream is an in-order queue served by its own worker thread:
+// kernels (orLaunchKernel), asynchronous copies, host functions and event
+// records run there, in the order they were queued; the launching thread
+// returns as soon as the work is queued.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +36,7 @@ enum class orError {
   InvalidConfiguration, // OPENREG_DEVICE_COUNT / OPENREG_DEVICE_MEMORY malformed
   NotReady,             // the stream or event still has work pending
   InvalidHandle,        // event without timing, event never recorded, ...
+  LaunchFailure,        // a kernel queued earlier failed (orGetLaunchError says how)
 };
 
 enum class orMemcpyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
@@ -121,8 +122,14 @@ orError orStreamGetPriority(orStream_t stream, int* priority);
 // A number unique to the stream in this process, fixed for its life (like
 // cudaStreamGetId); profilers name streams by it.
 orError orStreamGetId(orStream_t stream, uint64_t* id);
+// How many tasks (kernels, copies, host functions, event markers) have been
+// queued on the stream since it was made; a kernel run at once
+// by its caller (docs/runtime.md, "Kernels") is not one.
+orError orStreamGetQueuedCount(orStream_t stream, uint64_t* count);
 // Success when all work queued so far has finished, NotReady otherwise.
 orError orStreamQuery(orStream_t stream);
+// Whether all work queued so far has finished, without reporting a failure.
+orError orStreamIsIdle(orStream_t stream, bool* idle);
 // Success when every stream of every device has finished its queued work (so
 // no per-stream query is needed), NotReady otherwise.
 orError orStreamQueryAll();
@@ -132,6 +139,43 @@ orError orStreamWaitEvent(orStream_t stream, orEvent_t event);
 orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kind, orStream_t stream);
 // Runs fn(data) on the stream's worker after earlier work, like cudaLaunchHostFunc.
 orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data);
+
+// -- kernels ----------------------------------------------------------------------
+//
+// A kernel is host code in this simulation, run by the stream's worker.
+// orLaunchKernel queues kernel(args) after the work queued on `stream` so far
+// and returns. Once the kernel ran, the worker calls release(args) (if
+// given), so arguments must not own what only another thread may release.
+// `name` (static storage) names the kernel in its error.
+//
+// A kernel fails by throwing. The stream keeps its first failure and the next
+// synchronising call that waits for the stream reports it, once, as
+// LaunchFailure: orStreamSynchronize, orEventSynchronize, orDeviceSynchronize
+// and orStreamQuery. orGetLaunchError then gives the kernel's name and message.
+// Later kernels still run: the device stays usable.
+//
+// A launch from inside a kernel (a kernel that calls other kernels) runs at
+// once: the launching kernel is already in stream order. So does every launch
+// when OPENREG_LAUNCH_BLOCKING=1 (read once by orInit), like
+// CUDA_LAUNCH_BLOCKING: orLaunchKernel returns after the work queued before
+// it and the kernel itself have run, with the kernel's failure (or an earlier
+// one of the stream), so an error points at the call that caused it.
+using orKernelFn = void (*)(void* args);
+orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKernelFn release, const char* name);
+// True on a stream's worker while it runs queued work.
+bool orInsideKernel();
+// Whether OPENREG_LAUNCH_BLOCKING=1 was set when the runtime started.
+bool orLaunchBlocking();
+// Whether OPENREG_QUEUE_ALL_KERNELS=1 was set when the runtime started: the
+// ATen layer then queues every kernel, where it otherwise runs a small one on
+// an idle stream at once.
+bool orQueueAllKernels();
+// A kernel its caller ran in its own thread, in stream order, failed: the
+// failure becomes `stream`'s, reported like a queued kernel's.
+orError orStreamRecordFailure(orStream_t stream, const char* name, const char* message);
+// The failure the last LaunchFailure returned on this thread reported:
+// "<kernel name>: <message>"; "" if none.
+const char* orGetLaunchError();
 
 enum orEventFlags : unsigned { orEventDefault = 0, orEventDisableTiming = 2 };
 orError orEventCreateWithFlags(orEvent_t* event, unsigned flags);

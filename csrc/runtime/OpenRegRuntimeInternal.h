@@ -15,6 +15,8 @@ struct Config {
   size_t device_memory = 0;   // bytes per device
   uintptr_t device_base = 0;  // PROT_NONE addresses handed out by orMalloc
   uintptr_t kernel_base = 0;  // the same bytes, readable and writable
+  bool launch_blocking = false; // OPENREG_LAUNCH_BLOCKING=1
+  bool queue_all_kernels = false; // OPENREG_QUEUE_ALL_KERNELS=1
 };
 
 // Null before a successful orInit.
@@ -42,8 +44,12 @@ orError check_device(int device);
 // Fault.cpp: reports host dereferences of device addresses.
 void install_fault_handler();
 
-// Stream.cpp: waits for every stream of `device`.
-void synchronize_device_streams(int device);
+// Stream.cpp: waits for every stream of `device`; LaunchFailure if a kernel
+// on one of them failed.
+orError synchronize_device_streams(int device);
+// Stream.cpp: waits for every stream of `device`, leaving failures and the
+// release of kernel arguments to the next synchronising call.
+void wait_device_streams(int device);
 
 // Activity.cpp: the callback copies report to, or nullptr (one relaxed load).
 orActivityCallback activity_callback();

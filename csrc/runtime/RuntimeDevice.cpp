@@ -93,10 +93,40 @@ orError read_device_memory(InitState& s) {
   return orError::Success;
 }
 
+// A 0/1 switch from the environment: unset, empty or 0 leaves `flag` false.
+orError read_switch(InitState& s, const char* name, const char* what_1_does, bool& flag) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") {
+    return orError::Success;
+  }
+  if (std::string(env) != "1") {
+    return bad_config(
+        s, std::string(name) + "='" + env + "' is neither 1 nor 0: set it to 1 to " + what_1_does + ", or unset it.");
+  }
+  flag = true;
+  return orError::Success;
+}
+
+orError read_launch_blocking(InitState& s) {
+  if (const orError status = read_switch(
+          s, "OPENREG_LAUNCH_BLOCKING",
+          "run every kernel before its launch returns (errors then point at the call that caused them)",
+          s.config.launch_blocking);
+      status != orError::Success) {
+    return status;
+  }
+  return read_switch(
+      s, "OPENREG_QUEUE_ALL_KERNELS", "queue every kernel, a small one on an idle stream too",
+      s.config.queue_all_kernels);
+}
+
 void initialize(InitState& s) {
   s.status = read_device_count(s);
   if (s.status == orError::Success) {
     s.status = read_device_memory(s);
+  }
+  if (s.status == orError::Success) {
+    s.status = read_launch_blocking(s);
   }
   if (s.status == orError::Success) {
     s.status = detail::map_device_memory(s.config, &s.message);
@@ -133,6 +163,7 @@ const char* orGetErrorString(orError error) {
     case orError::InvalidConfiguration: return "invalid openreg configuration";
     case orError::NotReady: return "work is still pending";
     case orError::InvalidHandle: return "invalid stream or event handle for this call";
+    case orError::LaunchFailure: return "a kernel launched earlier failed";
   }
   return "unknown openreg error";
 }
@@ -204,8 +235,7 @@ orError orDeviceSynchronize(int device) {
   if (orError status = detail::check_device(device); status != orError::Success) {
     return status;
   }
-  detail::synchronize_device_streams(device);
-  return orError::Success;
+  return detail::synchronize_device_streams(device);
 }
 
 } // namespace openreg

@@ -288,7 +288,7 @@ orError orFree(void* ptr) {
     return orError::InvalidPointer;
   }
   // As cudaFree: queued copies may still read or write the memory.
-  detail::synchronize_device_streams(device);
+  detail::wait_device_streams(device);
   DeviceHeap& heap = heaps()[device];
   const size_t offset = addr - c->device_base - device * c->device_memory;
   std::lock_guard<std::mutex> lock(heap.mutex);

@@ -12,6 +12,7 @@
 // a CPU kernel needs, a small cat costs what it costs on CPU.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
@@ -61,29 +62,39 @@ void cat_out(
     // Row-major operands: for each index of the dimensions before `dim`,
     // every operand holds one block, and the output holds their blocks in
     // turn; a skipped operand holds none.
-    join_current_stream(out.device().index());
+    struct Operand {
+      const char* data;
+      size_t block;
+    };
     const int64_t outer = c10::multiply_integers(out.sizes().slice(0, dim));
-    char* dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr()));
-    for (int64_t i = 0; i < outer; ++i) {
-      for (const at::Tensor& t : materialized) {
-        const size_t block = t.nbytes() / static_cast<size_t>(outer);
-        if (block == 0) {
-          continue;
-        }
-        const char* src = static_cast<const char*>(orKernelAddress(t.const_data_ptr()));
-        std::memcpy(dst, src + static_cast<size_t>(i) * block, block);
-        dst += block;
+    std::vector<Operand> operands;
+    for (const at::Tensor& t : materialized) {
+      if (const size_t block = t.nbytes() / static_cast<size_t>(outer); block > 0) {
+        operands.push_back({static_cast<const char*>(orKernelAddress(t.const_data_ptr())), block});
       }
     }
+    launch_kernel(
+        out.device().index(), "openreg::cat", out.numel(),
+        [dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr())), outer, operands = std::move(operands)] {
+          char* to = dst;
+          for (int64_t i = 0; i < outer; ++i) {
+            for (const Operand& operand : operands) {
+              std::memcpy(to, operand.data + static_cast<size_t>(i) * operand.block, operand.block);
+              to += operand.block;
+            }
+          }
+        });
     return;
   }
+  // CPU's iterators (cat_out_cpu), built here so that their checks raise at
+  // the call; one kernel runs copy_stub's CPU kernel over each.
+  std::vector<KernelIterator> copies;
   int64_t offset = 0;
   for (const at::Tensor& t : materialized) {
     if (at::native::cat_should_skip_tensor(t)) {
       continue;
     }
     const int64_t size = t.size(dim);
-    // CPU's iterator (cat_out_cpu), whose copy_stub kernel runs on the device memory.
     const at::Tensor slice = out.narrow(dim, offset, size);
     auto iter = at::TensorIteratorConfig()
                     .set_check_mem_overlap(false) // meta() checked it
@@ -94,9 +105,14 @@ void cat_out(
                     .cast_common_dtype_to_outputs(true)
                     .enforce_safe_casting_to_output(true)
                     .build();
-    run_cpu_stub(at::native::copy_stub, iter, /*non_blocking=*/false);
+    copies.emplace_back(iter);
     offset += size;
   }
+  launch_kernel(out.device().index(), "openreg::cat", out.numel(), [copies = std::move(copies)]() mutable {
+    for (const KernelIterator& copy : copies) {
+      copy.run([](at::TensorIterator& iter) { run_cpu_stub(at::native::copy_stub, iter, /*non_blocking=*/false); });
+    }
+  });
 }
 
 } // namespace openreg::native

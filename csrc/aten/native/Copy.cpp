@@ -14,7 +14,9 @@
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegCpuAlias.h"
+#include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegHostAllocator.h"
+#include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegStream.h"
 
 namespace openreg::native {
@@ -74,11 +76,58 @@ bool can_copy_async(const at::Tensor& src, const at::Tensor& dst) {
   return true;
 }
 
+// The host waited for the current stream of `device`. CUDA reports its
+// host waits through at::cuda::stream_synchronize (c10/cuda/CUDAFunctions.h):
+// a synchronous copy with a host side (ATen/native/cuda/Copy.cu) and .item()
+// (memcpy_and_sync) do. openreg's synchronous copies between two devices wait
+// for both, where CUDA orders the two streams with events: both make the
+// copy ordered after the work of both streams and before what follows.
+void report_host_wait(c10::DeviceIndex device) {
+  if (c10::impl::GPUTrace::get_trace() != nullptr) {
+    gpu_trace::stream_synchronization(current_raw_stream(device));
+  }
+}
+
+// For a synchronous copy: a copy within one device is an ordinary kernel on
+// its stream for the sanitizer, as on CUDA, though it runs here in the host.
+void report_sync_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.device() == dst.device()) {
+    return;
+  }
+  for (const at::Tensor* t : {&src, &dst}) {
+    if (t->device().is_privateuseone()) {
+      report_host_wait(t->device().index());
+    }
+  }
+}
+
 void copy_async(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.device() == dst.device()) {
+    // Within one device the copy is a kernel (launch_kernel): a small one on
+    // an idle stream is done at once (baddbmm's meta() copies its input into
+    // the output, and its kernel waits for that copy), a large one on the
+    // worker with the launching thread's intra-op threads, at CPU's copy_
+    // bandwidth (the runtime's orMemcpyAsync copies in one thread). The copy
+    // carries the launching operator's correlation id for the profiler.
+    launch_kernel(
+        dst.device().index(), "openreg::copy_", dst.numel(),
+        [to = dst.mutable_data_ptr(), from = src.const_data_ptr(), nbytes = dst.nbytes(),
+         correlation_id = orActivityGetExternalCorrelationId()] {
+          OPENREG_CHECK(orActivityPushExternalCorrelationId(correlation_id));
+          struct Pop {
+            ~Pop() {
+              orActivityPopExternalCorrelationId();
+            }
+          } pop;
+          parallel_memcpy(to, from, nbytes, orMemcpyKind::DeviceToDevice);
+        });
+    return;
+  }
   const c10::Stream stream = current_stream(stream_device(src, dst));
   if (src.device().is_privateuseone() && dst.device().is_privateuseone() && src.device() != dst.device()) {
     // The source's device must have produced it first.
     join_current_stream(src.device().index());
+    report_host_wait(src.device().index());
   }
   OPENREG_CHECK(orMemcpyAsync(
       dst.mutable_data_ptr(), src.const_data_ptr(), dst.nbytes(), memcpy_kind(src, dst), raw_stream(stream)));
@@ -120,8 +169,22 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   const at::Tensor& device_side = dst.device().is_privateuseone() ? dst : self;
   c10::DeviceGuard guard(device_side.device());
-  if (same_layout_dense(self, dst) && non_blocking && can_copy_async(self, dst)) {
+  // Between two tensors of one device a copy is queued on its stream whatever
+  // non_blocking says, as CUDA's is: no host memory is involved.
+  const bool on_one_device = self.device() == dst.device();
+  // Inside a kernel (a CPU kernel writing back an output of another dtype,
+  // say) the copy is part of that kernel and happens now, below.
+  if (same_layout_dense(self, dst) && (on_one_device || (non_blocking && can_copy_async(self, dst))) &&
+      !inside_kernel()) {
     copy_async(self, dst);
+    return dst;
+  }
+  if (on_one_device) {
+    // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy_ kernel,
+    // launched on views of the device memory.
+    launch_kernel(
+        dst.device().index(), "openreg::copy_", dst.numel(),
+        [to = kernel_cpu_view(dst), from = kernel_cpu_view(self)]() mutable { at::native::copy_(to, from); });
     return dst;
   }
   // A synchronous copy runs after the work queued on the streams of both sides.
@@ -134,6 +197,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   if (memcpy) {
     parallel_memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), dst.nbytes(), memcpy_kind(self, dst));
+    report_sync_copy(self, dst);
     return dst;
   }
   // Dtype conversion, broadcasting, strides, conj/neg: ATen's CPU copy kernel
@@ -146,6 +210,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const at::Tensor& to = dst.device().is_privateuseone() ? dst_alias.emplace(dst).get() : dst;
   const at::Tensor& from = self.device().is_privateuseone() ? src_alias.emplace(self).get() : self;
   at::native::copy_(const_cast<at::Tensor&>(to), from);
+  report_sync_copy(self, dst);
   return dst;
 }
 
@@ -158,6 +223,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   join_current_stream(self.device().index());
+  report_host_wait(self.device().index());
   return at::_local_scalar_dense(cpu_alias(self));
 }
 

@@ -6,6 +6,10 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
@@ -130,27 +134,113 @@ at::Tensor recast_keeping_strides(const at::TensorBase& t, at::ScalarType dtype,
 template <class Exchange>
 void translate(at::TensorIteratorBase& iter, Exchange&& exchange) {
   const bool large = IteratorAccess::is_reduction(iter) && iter.numel() >= at::internal::GRAIN_SIZE;
-  bool on_device = false;
   for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
     at::OperandInfo& op = IteratorAccess::operand(iter, arg);
     // orKernelAddress gives host addresses back unchanged.
     void* kernel_address = orKernelAddress(op.data);
-    if (kernel_address != op.data) {
-      op.data = kernel_address;
-      on_device = true;
-    }
+    op.data = kernel_address;
     if (large && op.tensor_base().defined() &&
         op.tensor_base().device().is_privateuseone() && op.tensor_base().scalar_type() == op.current_dtype) {
       exchange(op, arg);
-      on_device = true;
     }
-  }
-  if (on_device && iter.ntensors() > 0 && iter.device().is_privateuseone()) {
-    join_current_stream(iter.device().index());
   }
 }
 
 } // namespace
+
+KernelIterator::KernelIterator(const at::TensorIteratorBase& iter) : iter_(iter) {
+  operands_.resize(static_cast<size_t>(iter_.ntensors()));
+  for (int64_t arg = 0; arg < iter_.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter_, arg);
+    Operand& kept = operands_[static_cast<size_t>(arg)];
+    const at::TensorBase& t = op.original_tensor_base().defined() ? op.original_tensor_base() : op.tensor_base();
+    if (t.defined() && !t.device().is_privateuseone()) {
+      // A CPU scalar (TensorIterator admits no other CPU operand on openreg)
+      // is copied: the kernel reads the copy.
+      TORCH_INTERNAL_ASSERT(
+          t.dim() == 0 && !op.original_tensor_base().defined(), "a CPU operand of an openreg iterator that is not a scalar");
+      kept.cpu_scalar = kernel_argument(t);
+      op.data = kept.cpu_scalar.data_ptr();
+    } else if (t.defined()) {
+      kept.tensor = kernel_tensor_meta(t);
+      if (op.original_tensor_base().defined()) {
+        kept.alias = kernel_tensor_meta(op.tensor_base());
+        kept.exchanged = true;
+      }
+    }
+    if (op.original_tensor_base().defined()) {
+      op.restore_original_tensor();
+    }
+    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(at::TensorBase()));
+  }
+}
+
+namespace {
+// The iterators Views hand out in this thread, by nesting level.
+struct ViewIterators {
+  std::vector<std::unique_ptr<at::TensorIterator>> levels;
+  size_t used = 0;
+};
+thread_local ViewIterators view_iterators;
+} // namespace
+
+KernelIterator::Views::Views(const KernelIterator& copy)
+    : iter([]() -> at::TensorIterator& {
+        ViewIterators& v = view_iterators;
+        if (v.used == v.levels.size()) {
+          v.levels.push_back(std::make_unique<at::TensorIterator>());
+        }
+        return *v.levels[v.used++];
+      }()) {
+  iter = copy.iter_;
+  for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter, arg);
+    const Operand& kept = copy.operands_[static_cast<size_t>(arg)];
+    if (kept.cpu_scalar.defined()) {
+      op.tensor(c10::MaybeOwned<at::TensorBase>::borrowed(kept.cpu_scalar));
+    } else if (kept.tensor.defined) {
+      op.tensor(c10::MaybeOwned<at::TensorBase>::owned(kernel_view(kept.tensor)));
+      if (kept.exchanged) {
+        op.exchange_tensor(c10::MaybeOwned<at::TensorBase>::owned(kernel_view(kept.alias)));
+      }
+    }
+  }
+}
+
+KernelIterator::Views::~Views() {
+  for (int64_t arg = 0; arg < iter.ntensors(); ++arg) {
+    at::OperandInfo& op = IteratorAccess::operand(iter, arg);
+    if (op.original_tensor_base().defined()) {
+      op.restore_original_tensor();
+    }
+    op.tensor(c10::MaybeOwned<at::TensorBase>::owned(at::TensorBase()));
+  }
+  --view_iterators.used;
+}
+
+uint64_t dtype_key(const at::TensorIteratorBase& iter) {
+  uint64_t key = static_cast<uint64_t>(iter.ntensors());
+  for (int64_t arg = 0; arg < iter.ntensors() && arg < 7; ++arg) {
+    key |= static_cast<uint64_t>(static_cast<uint8_t>(iter.dtype(arg))) << (8 * (arg + 1));
+  }
+  return key;
+}
+
+const char* stub_name_from(const char* pretty_function) {
+  std::string text(pretty_function);
+  const size_t at = text.find("stub = ");
+  if (at == std::string::npos) {
+    return "a DispatchStub's CPU kernel";
+  }
+  std::string name = text.substr(at + 7);
+  name = name.substr(0, name.find_first_of(";]"));
+  const size_t start = name.find_first_not_of("(& ");
+  name = name.substr(start == std::string::npos ? 0 : start);
+  while (!name.empty() && (name.back() == ')' || name.back() == ' ')) {
+    name.pop_back();
+  }
+  return (new std::string(name))->c_str(); // one per stub, for the process
+}
 
 void use_kernel_addresses(at::TensorIteratorBase& iter) {
   translate(iter, [](at::OperandInfo& op, int64_t /*arg*/) {
@@ -159,6 +249,11 @@ void use_kernel_addresses(at::TensorIteratorBase& iter) {
 }
 
 AsCpuIterator::AsCpuIterator(at::TensorIteratorBase& iter) : iter_(iter) {
+  if (!inside_kernel() && iter.ntensors() > 0 && iter.device().is_privateuseone()) {
+    // CPU code in the calling thread (a route not launched yet) reads the
+    // operands at once: after the stream's work.
+    join_current_stream(iter.device().index());
+  }
   promote(iter);
   translate(iter, [&](at::OperandInfo& op, int64_t arg) {
     const at::Tensor& alias = aliases_.get(op.tensor_base()).first->alias;

@@ -14,9 +14,12 @@
 // - The operands' data pointers are device addresses, which CPU code cannot
 //   dereference; they are replaced by the addresses kernels use
 //   (orKernelAddress).
-// It also orders the kernel after the work queued on the current stream.
+// CpuKernelOf launches the kernel on the current stream.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -25,6 +28,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "aten/OpenRegCpuAlias.h"
+#include "aten/OpenRegLaunch.h"
 
 namespace openreg::native {
 
@@ -65,8 +69,9 @@ class AsCpuIterator {
   std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;
 };
 
-// Points every operand of `iter` at kernel addresses and orders the kernel
-// after the work queued on the current stream.
+// Points every operand of `iter` at kernel addresses (orKernelAddress). The
+// kernel that reads them runs in stream order: launched (CpuKernelOf), or
+// after join_current_stream (which AsCpuIterator does outside a kernel).
 void use_kernel_addresses(at::TensorIteratorBase& iter);
 
 // The dtypes of AT_ALL_TYPES_AND_COMPLEX, bool, half and bfloat16: those the
@@ -93,16 +98,150 @@ void run_cpu_stub(Stub& stub, Iter& iter, Args&&... args) {
   cpu_iter.write_back();
 }
 
-// The openreg kernel of a stub declared with `cpu_kernel: true` in
-// backend_functions.yaml: CpuKernelOf<&at::native::exp_stub>::run has exactly
-// the stub's function type.
+// A copy of `iter` that a queued kernel can keep. The structured classes'
+// iterators borrow their operands from the caller's frame, so the copy keeps
+// none of the caller's tensors: the launching thread captures what a
+// kernel_view of each needs (KernelTensorMeta); a CPU scalar operand is
+// copied (kernel_argument). run(f), in the thread that runs the kernel, calls
+// f on that thread's own iterator, assigned from the copy, with views as its
+// operands, and drops the views afterwards. The kernel's thread makes and
+// frees the views, and it only reads the copy: the launching thread, which
+// frees the copy (OpenRegLaunch.h), then finds its memory in its own cache
+// (a kernel writing into the copy cost each launch a few tenths of a
+// microsecond in cache misses).
+class KernelIterator {
+ public:
+  explicit KernelIterator(const at::TensorIteratorBase& iter);
+
+  template <typename F>
+  void run(F&& f) const {
+    Views views(*this);
+    f(views.iter);
+  }
+
+ private:
+  // The calling thread's iterator for a kernel of `copy` (one per nesting
+  // level), its operands views of copy's, until destroyed.
+  struct Views {
+    explicit Views(const KernelIterator& copy);
+    Views(const Views&) = delete;
+    Views& operator=(const Views&) = delete;
+    ~Views();
+    at::TensorIterator& iter;
+  };
+
+  struct Operand {
+    KernelTensorMeta tensor;
+    // An operand exchanged for a CPU alias of its memory keeps the original:
+    // views of both (the alias's when `exchanged`).
+    KernelTensorMeta alias;
+    bool exchanged = false;
+    at::Tensor cpu_scalar; // a CPU scalar operand's copy
+  };
+  at::TensorIterator iter_;
+  c10::SmallVector<Operand, 4> operands_;
+};
+
+// "at::native::exp_stub", from the compiler's name of this instantiation
+// (GCC and Clang spell it "[with auto* stub = (& at::native::exp_stub)]" or
+// "[stub = &at::native::exp_stub]"): the name a kernel's error gives.
+const char* stub_name_from(const char* pretty_function);
+template <auto* stub>
+const char* stub_name() {
+  static const char* const name = stub_name_from(__PRETTY_FUNCTION__);
+  return name;
+}
+
+// The openreg kernel of every stub of the `stub_cpu_kernel` route
+// (backend_functions.yaml's `stubs: cpu_kernels: true`):
+// CpuKernelOf<&at::native::exp_stub>::run has exactly the stub's function
+// type. It launches CPU's kernel of the stub on the current stream, over
+// KernelIterator(iter), with kernel_argument(arg) of the other arguments.
 template <auto* stub, typename FnPtr = typename std::remove_pointer_t<decltype(stub)>::FnPtr>
 struct CpuKernelOf;
+
+// The operand dtypes of `iter`, packed (what a CPU kernel dispatches on).
+uint64_t dtype_key(const at::TensorIteratorBase& iter);
+
+// Combinations of operand dtypes a kernel has run with once: CPU's kernels
+// choose their loop by dtype (AT_DISPATCH) inside the kernel, where CUDA's
+// choose on the host before launching, so "not implemented for 'UInt16'" must
+// come from the call. The first launch of each combination runs at once in
+// the launching thread, raising what CPU raises; later ones are queued.
+// Lock-free open addressing over 1024 slots (the suite filled 64 for add); a
+// full table queues everything.
+class SeenDtypes {
+ public:
+  bool contains(uint64_t key) const {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      const uint64_t value = slots_[slot].load(std::memory_order_acquire);
+      if (value == key + 1) {
+        return true;
+      }
+      if (value == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+  void insert(uint64_t key) {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      uint64_t expected = 0;
+      if (slots_[slot].compare_exchange_strong(expected, key + 1) || expected == key + 1) {
+        return;
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kSlots = 1024;
+  static size_t start(uint64_t key) {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 54); // Fibonacci hashing: top 10 bits
+  }
+  std::array<std::atomic<uint64_t>, kSlots> slots_{};
+};
+
+template <typename Body>
+struct IteratorKernel {
+  KernelIterator copy;
+  Body body;
+  void operator()() {
+    copy.run(body);
+  }
+};
+
+// Launches body(copy) on the current stream of iter's device, where copy is
+// KernelIterator(iter)'s iterator in the kernel (body takes an at::TensorIterator&): the launch of every
+// kernel that runs CPU code over an iterator. Inside a kernel, body runs on
+// `iter` itself at once; the first launch of each combination of operand
+// dtypes in `seen` (one per kernel) runs in the calling thread
+// (run_kernel_inline), and so does every launch when OPENREG_LAUNCH_BLOCKING=1.
+template <typename Iter, typename Body>
+void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body) {
+  if (inside_kernel()) {
+    body(iter);
+    return;
+  }
+  const uint64_t key = dtype_key(iter);
+  if (!seen.contains(key) || launch_blocking()) {
+    run_kernel_inline(iter.device().index(), [&] { body(iter); });
+    seen.insert(key);
+    return;
+  }
+  auto run = [&] { body(iter); };
+  if (run_small_kernel_if_idle(iter.device().index(), name, iter.numel(), run)) {
+    return;
+  }
+  launch_kernel_made(iter.device().index(), name, [&] { return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body}; });
+}
 
 template <auto* stub, typename Iter, typename... Args>
 struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
   static void run(Iter& iter, Args... args) {
-    run_cpu_stub(*stub, iter, std::forward<Args>(args)...);
+    static SeenDtypes seen;
+    launch_iterator_kernel(
+        iter, seen, stub_name<stub>(),
+        [... values = kernel_argument(args)](auto& it) mutable { run_cpu_stub(*stub, it, values...); });
   }
 };
 

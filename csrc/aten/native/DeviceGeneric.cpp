@@ -66,6 +66,7 @@
 #include <ATen/ops/uniform_native.h>
 #include <ATen/ops/where_native.h>
 
+#include <ATen/native/Activation.h>
 #include <ATen/native/IndexKernel.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/native/TensorCompare.h>
@@ -136,13 +137,28 @@ at::Tensor& masked_fill_tensor(at::Tensor& self, const at::Tensor& mask, const a
 }
 
 void where_kernel(at::TensorIterator& iter) {
-  use_kernel_addresses(iter);
-  at::native::where_kernel(c10::DeviceType::CPU, iter);
+  static SeenDtypes seen;
+  launch_iterator_kernel(iter, seen, "at::native::where_kernel", [](at::TensorIterator& it) {
+    use_kernel_addresses(it);
+    at::native::where_kernel(c10::DeviceType::CPU, it);
+  });
 }
 
 void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
-  use_kernel_addresses(iter);
-  at::native::masked_fill_stub(c10::DeviceType::CPU, iter, value);
+  static SeenDtypes seen;
+  launch_iterator_kernel(iter, seen, "at::native::masked_fill_stub", [value](at::TensorIterator& it) {
+    use_kernel_addresses(it);
+    at::native::masked_fill_stub(c10::DeviceType::CPU, it, value);
+  });
+}
+
+// glu's meta() (at::meta::structured_glu) builds its iterator over the two
+// halves of `self`, narrow()s it drops on return: the iterator's pointers are
+// good, its tensors are gone. A queued kernel copies an iterator's tensors
+// (KernelIterator), so glu's kernel runs in stream order in the calling thread
+// instead, where CPU's kernel reads only the pointers.
+void glu_kernel(at::TensorIteratorBase& iter) {
+  run_kernel_inline(iter.device().index(), [&] { run_cpu_stub(at::native::glu_stub, iter); });
 }
 
 namespace {

@@ -49,7 +49,9 @@ at::Tensor masked_scale(const at::Tensor& x, const at::Tensor& mask, double scal
                   .check_all_same_dtype(false)
                   .declare_static_dtype(x.scalar_type())
                   .build();
-  // No promotion: the loop reads the bool mask as bool.
+  // No promotion: the loop reads the bool mask as bool. The loop runs here,
+  // after the stream's work.
+  join_current_stream(x.device().index());
   use_kernel_addresses(iter);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "openreg::native_dropout", [&] {
     const auto s = static_cast<scalar_t>(scale);

@@ -24,8 +24,9 @@ namespace {
 // std::fill_n of `value.to<scalar_t>()`, the value CPU's fill kernel writes
 // (with the same error for a value the dtype cannot hold). Building the
 // iterator CPU's fill_ builds cost more than CPU's whole fill_ on a small
-// tensor (docs/performance.md). False (nothing done) for other tensors;
-// `self` has a plain_dtype.
+// tensor (docs/performance.md). The fill is launched on the current stream
+// with the element converted here, as CUDA converts before its launch. False
+// (nothing done) for other tensors; `self` has a plain_dtype.
 bool fill_dense(at::Tensor& self, const at::Scalar& value) {
   const int64_t n = self.numel();
   if (n == 0 || n >= at::internal::GRAIN_SIZE || !self.is_non_overlapping_and_dense() || self.is_conj() ||
@@ -42,11 +43,25 @@ bool fill_dense(at::Tensor& self, const at::Scalar& value) {
         } else {
           element = value.to<scalar_t>();
         }
-        join_current_stream(self.device().index());
-        std::fill_n(static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr())), n, element);
+        launch_kernel(
+            self.device().index(), "openreg::fill_dense", n,
+            [data = static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr())), n, element] {
+              std::fill_n(data, n, element);
+            });
       }),
       AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);
   return true;
+}
+
+// CPU's fill kernel converts the value with value.to<scalar_t>(), which
+// raises for a value the dtype cannot hold. That kernel runs queued on the
+// stream (CpuKernelOf), so the conversion is checked here first, raising at
+// the call as CUDA's fill_ (which converts on the host before its launch) does.
+void check_fill_value(at::ScalarType dtype, const at::Scalar& value) {
+  AT_DISPATCH_V2(
+      dtype, "openreg_fill_check", AT_WRAP([&] { (void)value.to<scalar_t>(); }),
+      AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16, at::kComplexHalf,
+      AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
 }
 
 } // namespace
@@ -55,6 +70,13 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   if (plain_dtype(self.scalar_type()) && fill_dense(self, value)) {
     return self;
   }
+  if (self.numel() == 1) {
+    // CPU fills one element without the iterator (at::detail::scalar_fill),
+    // whose conversion raises for fewer values (a float8 or half
+    // overflow becomes inf): the element is filled on the CPU and copied.
+    return self.copy_(at::empty({}, self.options().device(at::kCPU)).fill_(value));
+  }
+  check_fill_value(self.scalar_type(), value);
   return at::native::fill_(self, value);
 }
 
@@ -68,8 +90,9 @@ at::Tensor& zero_(at::Tensor& self) {
     return self;
   }
   if (self.is_non_overlapping_and_dense() && self.numel() < at::internal::GRAIN_SIZE) {
-    join_current_stream(self.device().index());
-    std::memset(orKernelAddress(self.data_ptr()), 0, self.nbytes());
+    launch_kernel(
+        self.device().index(), "openreg::zero_", self.numel(),
+        [data = orKernelAddress(self.data_ptr()), nbytes = self.nbytes()] { std::memset(data, 0, nbytes); });
     return self;
   }
   const OptionalDeviceGuard guard(self.device());

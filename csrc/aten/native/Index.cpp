@@ -32,9 +32,16 @@
 
 namespace openreg::native {
 
+// CPU's kernels of index_stub and index_put_stub, launched on the stream; the
+// sizes and strides (borrowed ArrayRefs) are copied for the queued kernel.
 void index_kernel(at::TensorIteratorBase& iter, at::IntArrayRef index_size, at::IntArrayRef index_stride) {
-  use_kernel_addresses(iter);
-  at::native::index_stub(c10::DeviceType::CPU, iter, index_size, index_stride);
+  static SeenDtypes seen;
+  launch_iterator_kernel(
+      iter, seen, "at::native::index_stub",
+      [size = index_size.vec(), stride = index_stride.vec()](at::TensorIteratorBase& it) {
+        use_kernel_addresses(it);
+        at::native::index_stub(c10::DeviceType::CPU, it, size, stride);
+      });
 }
 
 void index_put_kernel(
@@ -42,8 +49,13 @@ void index_put_kernel(
     at::IntArrayRef index_size,
     at::IntArrayRef index_stride,
     bool accumulate) {
-  use_kernel_addresses(iter);
-  at::native::index_put_stub(c10::DeviceType::CPU, iter, index_size, index_stride, accumulate);
+  static SeenDtypes seen;
+  launch_iterator_kernel(
+      iter, seen, "at::native::index_put_stub",
+      [size = index_size.vec(), stride = index_stride.vec(), accumulate](at::TensorIterator& it) {
+        use_kernel_addresses(it);
+        at::native::index_put_stub(c10::DeviceType::CPU, it, size, stride, accumulate);
+      });
 }
 
 at::Tensor& index_put_impl_(

@@ -62,6 +62,9 @@ at::CPUGeneratorImpl* prepare(
     at::TensorIteratorBase& iter,
     const std::optional<at::Generator>& generator,
     const char* op) {
+  // Drawn in the calling thread, which owns the generator's state (a
+  // queued kernel would advance it after later host code read it).
+  join_current_stream(iter.device().index());
   use_kernel_addresses(iter);
   return cpu_generator_for(generator, iter.device().index(), op).get<at::CPUGeneratorImpl>();
 }
@@ -335,7 +338,8 @@ void uniform_kernel(
     // value·(to − from) + from: CPU's kernel, built for this machine's vector
     // instructions, may fuse it into one rounding; this file, built for the
     // baseline, would round twice. Over [0, 1) the product and sum are exact.
-    run_cpu_stub(at::native::uniform_stub, iter, from, to, cpu_generator_for(generator, iter.device().index(), "aten::uniform_"));
+    const at::Generator& cpu = cpu_generator_for(generator, iter.device().index(), "aten::uniform_");
+    run_kernel_inline(iter.device().index(), [&] { run_cpu_stub(at::native::uniform_stub, iter, from, to, cpu); });
     return;
   }
   at::CPUGeneratorImpl* cpu = prepare(iter, generator, "aten::uniform_");

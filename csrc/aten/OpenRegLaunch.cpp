@@ -1,0 +1,155 @@
+#include "aten/OpenRegLaunch.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <array>
+#include <vector>
+
+#include "aten/OpenRegCpuAlias.h"
+#include "aten/OpenRegDevice.h"
+#include "runtime/OpenRegRuntime.h"
+
+namespace openreg {
+
+namespace {
+
+// `nbytes` at `data`, owning nothing: a DataPtr without a deleter or context,
+// so nothing is freed with the storage.
+c10::Storage unowned_storage(size_t nbytes, void* data, c10::Device device) {
+  return c10::Storage(
+      c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(data, device), /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+c10::Storage unowned_storage(const at::TensorBase& t, void* data, c10::Device device) {
+  return unowned_storage(t.storage().nbytes(), data, device);
+}
+
+} // namespace
+
+KernelTensorMeta kernel_tensor_meta(const at::TensorBase& t) {
+  KernelTensorMeta meta;
+  if (!t.defined()) {
+    return meta;
+  }
+  const c10::StorageImpl& memory = *t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  meta.data = const_cast<void*>(memory.data());
+  meta.nbytes = memory.nbytes();
+  meta.device = memory.device();
+  meta.dtype = t.dtype();
+  meta.sizes.assign(t.sizes().begin(), t.sizes().end());
+  meta.strides.assign(t.strides().begin(), t.strides().end());
+  meta.offset = t.storage_offset();
+  meta.conj = t.is_conj();
+  meta.neg = t.is_neg();
+  meta.defined = true;
+  return meta;
+}
+
+at::Tensor kernel_view(const KernelTensorMeta& meta) {
+  if (!meta.defined) {
+    return {};
+  }
+  // Over CPU memory: an operand's CPU alias, at kernel addresses.
+  const c10::DispatchKey key = meta.device.is_cpu() ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1;
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+      unowned_storage(meta.nbytes, meta.data, meta.device), c10::DispatchKeySet(key), meta.dtype);
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes, meta.strides, meta.offset);
+  view._set_conj(meta.conj);
+  view._set_neg(meta.neg);
+  return view;
+}
+
+at::Tensor kernel_view(const at::TensorBase& t) {
+  return kernel_view(kernel_tensor_meta(t));
+}
+
+at::Tensor kernel_cpu_view(const at::TensorBase& t) {
+  TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
+  void* bytes = orKernelAddress(const_cast<void*>(t.storage().unsafeGetStorageImpl()->data()));
+  return cpu_alias(t, unowned_storage(t, bytes, c10::Device(c10::kCPU)));
+}
+
+int detail::read_launch_switches() {
+  ensure_initialized(); // the runtime reads the switches when it starts
+  const int read = kSwitchesRead | (orLaunchBlocking() ? kLaunchBlocking : 0) |
+      (orQueueAllKernels() ? kQueueAllKernels : 0);
+  launch_switches.store(read, std::memory_order_relaxed); // racing threads store the same value
+  return read;
+}
+
+void record_kernel_failure(c10::DeviceIndex device, const char* name, const char* message) {
+  OPENREG_CHECK(orStreamRecordFailure(current_raw_stream(device), name, message));
+}
+
+namespace detail {
+
+namespace {
+
+// Blocks of up to kClasses * kClassBytes bytes, kept by size class (a
+// multiple of kClassBytes), at most kKept per class and thread.
+constexpr size_t kClassBytes = 512;
+constexpr size_t kClasses = 8;
+constexpr size_t kKept = 64;
+
+struct KernelBlocks {
+  std::array<std::vector<void*>, kClasses> free;
+  KernelBlocks() {
+    for (auto& blocks : free) {
+      blocks.reserve(kKept);
+    }
+  }
+  ~KernelBlocks() {
+    for (auto& blocks : free) {
+      for (void* block : blocks) {
+        ::operator delete(block);
+      }
+    }
+  }
+};
+
+KernelBlocks& kernel_blocks() {
+  thread_local KernelBlocks blocks;
+  return blocks;
+}
+
+size_t size_class(size_t bytes) {
+  return (bytes + kClassBytes - 1) / kClassBytes - 1;
+}
+
+} // namespace
+
+void* allocate_kernel(size_t bytes) {
+  if (const size_t c = size_class(bytes); c < kClasses) {
+    std::vector<void*>& blocks = kernel_blocks().free[c];
+    if (!blocks.empty()) {
+      void* block = blocks.back();
+      blocks.pop_back();
+      return block;
+    }
+    return ::operator new((c + 1) * kClassBytes);
+  }
+  return ::operator new(bytes);
+}
+
+void free_kernel(void* block, size_t bytes) noexcept {
+  if (const size_t c = size_class(bytes); c < kClasses) {
+    std::vector<void*>& blocks = kernel_blocks().free[c];
+    if (blocks.size() < kKept) {
+      blocks.push_back(block); // reserved below: push_back does not allocate
+      return;
+    }
+  }
+  ::operator delete(block);
+}
+
+} // namespace detail
+
+at::Tensor kernel_tensor_argument(const at::TensorBase& t) {
+  if (!t.defined() || t.device().is_privateuseone()) {
+    return kernel_view(t);
+  }
+  return at::Tensor(t).clone();
+}
+
+} // namespace openreg

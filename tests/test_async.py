@@ -1,0 +1,301 @@
+"""Kernels launched on a stream: the launch returns at once, the work runs on the
+stream's worker in stream order, and the calls that need results wait for it,
+as on CUDA (docs/runtime.md, "Kernels")."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+DEVICE = "openreg"
+BUSY_MS = 300
+
+
+def busy(ms=BUSY_MS):
+    """Keeps the current stream busy for `ms` (torch.openreg._sleep)."""
+    torch.openreg.synchronize()
+    torch.openreg._sleep(ms)
+
+
+def launched_before(fn):
+    """Runs fn once: the first launch of a kernel with a combination of operand
+    dtypes runs in the calling thread, so that CPU's "not implemented for" errors
+    raise at the call (docs/runtime.md, "Kernels"); later ones are queued."""
+    fn()
+    torch.openreg.synchronize()
+
+
+def elapsed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, (time.perf_counter() - start) * 1e3
+
+
+def test_a_kernel_launch_returns_before_the_kernel_runs():
+    x = torch.randn(64, 64, device=DEVICE)
+    launched_before(lambda: x + 1)
+    busy()
+    y, launch_ms = elapsed(lambda: x + 1)
+    assert launch_ms < BUSY_MS / 2, f"the launch waited {launch_ms:.0f} ms for the stream"
+    assert torch.openreg.current_stream().query() is False
+    _, sync_ms = elapsed(torch.openreg.synchronize)
+    assert sync_ms > BUSY_MS / 4, f"synchronize returned after {sync_ms:.0f} ms, before the queued work"
+    torch.testing.assert_close(y.cpu(), x.cpu() + 1, rtol=0, atol=0)
+
+
+# OPENREG_QUEUE_ALL_KERNELS=1 (CI runs the suite with it too) queues small
+# kernels on an idle stream as well.
+SMALL_RUNS_AT_ONCE = os.environ.get("OPENREG_QUEUE_ALL_KERNELS", "0") == "0"
+
+
+def queued(stream=None):
+    """Tasks queued on `stream` (the current one) so far."""
+    stream = stream or torch.openreg.current_stream()
+    return torch.openreg._C._stream_queued_count(stream.stream_id, stream.device_index)
+
+
+def test_a_small_kernel_on_an_idle_stream_runs_at_once_and_a_large_or_busy_one_is_queued():
+    small = torch.ones(16, device=DEVICE)
+    large = torch.ones(1 << 16, device=DEVICE)
+    launched_before(lambda: (small + 1, large + 1))
+    count = queued()
+    y = small + 1  # idle stream, 16 elements: run at once, nothing queued
+    assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
+    count = queued()
+    z = large + 1  # 65536 elements: queued
+    assert queued() == count + 1
+    busy(50)  # the sleep is queued too
+    count = queued()
+    w = small + 2  # behind queued work: queued
+    assert queued() == count + 1
+    assert torch.equal(y.cpu(), torch.full((16,), 2.0))
+    assert torch.equal(z.cpu(), torch.full((1 << 16,), 2.0))
+    assert torch.equal(w.cpu(), torch.full((16,), 3.0))
+
+
+def test_a_small_kernel_run_at_once_reports_its_error_at_the_next_synchronising_call():
+    a = torch.tensor([5, 6], device=DEVICE)
+    zero = torch.zeros_like(a)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    count = queued()
+    torch.div(a, zero, rounding_mode="floor")  # raises nothing here
+    assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
+    with pytest.raises(torch.AcceleratorError, match="div_floor_stub: ZeroDivisionError"):
+        torch.openreg.synchronize()
+    torch.openreg.synchronize()  # reported once
+
+
+def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
+    result = run_script(
+        """
+        import torch
+        s = torch.openreg.current_stream()
+        queued = lambda: torch.openreg._C._stream_queued_count(s.stream_id, s.device_index)
+        x = torch.ones(16, device="openreg")
+        x + 1  # the first launch of a dtype combination runs in the calling thread
+        torch.openreg.synchronize()
+        count = queued()
+        y = x + 1
+        print("queued", queued() - count, y.cpu().tolist() == [2.0] * 16)
+        """,
+        OPENREG_QUEUE_ALL_KERNELS="1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "queued 1 True" in result.stdout
+
+
+def test_kernels_run_in_stream_order():
+    x = torch.zeros(1000, device=DEVICE)
+    busy(50)
+    for _ in range(100):
+        x.add_(1)
+    y = x * 2
+    assert torch.equal(y.cpu(), torch.full((1000,), 200.0))
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        pytest.param(lambda y: y.sum().item(), id="item"),
+        pytest.param(lambda y: y.cpu(), id="cpu"),
+        pytest.param(lambda y: y.to("cpu"), id="to_cpu"),
+        pytest.param(lambda y: y.tolist(), id="tolist"),
+        pytest.param(lambda y: repr(y), id="print"),
+        pytest.param(lambda y: torch.nonzero(y), id="nonzero"),
+        pytest.param(lambda y: y[y > 0], id="masked_select"),
+        pytest.param(lambda y: torch.unique(y), id="unique"),
+        pytest.param(lambda y: torch.openreg.current_stream().synchronize(), id="stream_synchronize"),
+        pytest.param(lambda y: torch.openreg.synchronize(), id="synchronize"),
+    ],
+)
+def test_what_needs_the_result_waits_for_it(sync):
+    x = torch.arange(8, dtype=torch.float32, device=DEVICE)
+    launched_before(lambda: x + 1)
+    busy()
+    y = x + 1
+    result, ms = elapsed(lambda: sync(y))
+    assert ms > BUSY_MS / 4, f"returned after {ms:.0f} ms, before the queued work ran"
+    assert torch.equal(y.cpu(), torch.arange(8, dtype=torch.float32) + 1)
+
+
+def test_event_synchronize_waits_for_the_kernels_before_the_record():
+    x = torch.randn(16, device=DEVICE)
+    launched_before(x.exp)
+    busy()
+    y = x.exp()
+    event = torch.openreg.Event()
+    event.record()
+    assert event.query() is False
+    _, ms = elapsed(event.synchronize)
+    assert ms > BUSY_MS / 4
+    assert event.query() is True
+    torch.testing.assert_close(y.cpu(), x.cpu().exp(), rtol=0, atol=0)
+
+
+def test_elapsed_time_times_the_kernels_not_their_launch():
+    x = torch.randn(16, device=DEVICE)
+    start, end = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)
+    torch.openreg.synchronize()
+    start.record()
+    torch.openreg._sleep(100)
+    x.add_(1)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 90
+
+
+def test_a_kernel_on_another_stream_is_ordered_by_wait_stream():
+    x = torch.ones(1000, device=DEVICE)
+    side = torch.openreg.Stream()
+    busy()
+    y = x * 3  # default stream, still queued
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        z = y + 1
+    y.record_stream(side)
+    side.synchronize()
+    assert torch.equal(z.cpu(), torch.full((1000,), 4.0))
+
+
+def test_argument_errors_still_raise_at_the_call():
+    a, b = torch.randn(3, device=DEVICE), torch.randn(4, device=DEVICE)
+    busy()
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + b
+    torch.openreg.synchronize()
+
+
+def test_a_kernel_error_surfaces_at_the_next_synchronising_call_and_the_device_stays_usable():
+    a = torch.tensor([5, 6], device=DEVICE)
+    zero = torch.zeros(2, dtype=torch.long, device=DEVICE)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    b = torch.div(a, zero, rounding_mode="floor")  # CPU's kernel raises ZeroDivisionError, on the worker
+    with pytest.raises(torch.AcceleratorError, match=r"(?s)div_floor_stub: ZeroDivisionError.*OPENREG_LAUNCH_BLOCKING=1"):
+        b.cpu()
+    # Reported once; later work runs.
+    assert torch.equal((a + 1).cpu(), torch.tensor([6, 7]))
+    torch.openreg.synchronize()
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        pytest.param(lambda: torch.openreg.synchronize(), id="synchronize"),
+        pytest.param(lambda: torch.openreg.current_stream().synchronize(), id="stream"),
+        pytest.param(lambda: torch.openreg.current_stream().query(), id="query"),
+    ],
+)
+def test_each_synchronising_call_reports_a_kernel_error(sync):
+    a = torch.tensor([1], device=DEVICE)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    torch.div(a, torch.zeros_like(a), rounding_mode="floor")
+    time.sleep(0.2)  # the kernel has run: query() reports rather than "not ready"
+    with pytest.raises(torch.AcceleratorError, match="ZeroDivisionError"):
+        sync()
+    sync()  # reported once
+
+
+def run_script(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_launch_blocking_raises_at_the_launch():
+    result = run_script(
+        """
+        import torch
+        a = torch.tensor([5, 6], device="openreg")
+        torch.div(a, a, rounding_mode="floor")  # queued, were launches not blocking
+        try:
+            torch.div(a, torch.zeros_like(a), rounding_mode="floor")
+        except RuntimeError as e:
+            print("raised at the launch:", type(e).__name__, e)
+        torch.openreg._sleep(200)
+        import time
+        start = time.perf_counter()
+        y = a + 1
+        print("launch waited", (time.perf_counter() - start) * 1e3 > 100)
+        """,
+        OPENREG_LAUNCH_BLOCKING="1",
+    )
+    assert result.returncode == 0, result.stderr
+    # The kernel ran in the calling thread: its own error, as CPU raises it.
+    assert "raised at the launch: RuntimeError ZeroDivisionError" in result.stdout
+    assert "OPENREG_LAUNCH_BLOCKING=1 to raise" not in result.stdout
+    assert "launch waited True" in result.stdout
+
+
+@pytest.mark.parametrize("variable", ["OPENREG_LAUNCH_BLOCKING", "OPENREG_QUEUE_ALL_KERNELS"])
+def test_a_bad_launch_switch_value_is_an_error_naming_the_variable(variable):
+    result = run_script("import torch; torch.zeros(1, device='openreg')", **{variable: "yes"})
+    assert result.returncode != 0
+    assert f"{variable}='yes' is neither 1 nor 0" in result.stderr
+
+
+def test_kernels_see_the_launching_thread_count():
+    # CPU's reduction splits work by thread count; the worker must use the caller's.
+    x = torch.randn(1 << 18)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(x.to(DEVICE).sum().cpu(), x.sum())
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_a_thousand_launches_complete_in_order():
+    x = torch.zeros(16, device=DEVICE)
+    for i in range(1000):
+        x = x + 1
+    assert torch.equal(x.cpu(), torch.full((16,), 1000.0))
+
+
+def test_tensors_dropped_while_their_kernel_is_queued_stay_valid():
+    busy()
+    outs = [torch.full((1000,), float(i), device=DEVICE) * 2 for i in range(20)]
+    # The inputs of the queued multiplications were temporaries, already dropped.
+    for i, out in enumerate(outs):
+        assert torch.equal(out.cpu(), torch.full((1000,), 2.0 * i))
+
+
+def test_dropping_tensors_a_queued_kernel_uses_frees_their_memory_at_once():
+    # As on CUDA: a kernel holds pointers, not tensors; the freed blocks go to
+    # later work on the same stream, which runs after the kernel.
+    x = torch.randn(1 << 20, device=DEVICE)
+    launched_before(lambda: x * 2)
+    before = torch.openreg.memory_allocated()
+    busy()
+    y = x * 2
+    del x, y
+    assert torch.openreg.memory_allocated() == before - (4 << 20)
+    z = torch.full((1 << 20,), 3.0, device=DEVICE)  # reuses a block, after the multiplication
+    assert torch.equal(z.cpu(), torch.full((1 << 20,), 3.0))
