@@ -6,7 +6,6 @@
 #include <array>
 #include <vector>
 
-#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegDevice.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -19,10 +18,6 @@ namespace {
 c10::Storage unowned_storage(size_t nbytes, void* data, c10::Device device) {
   return c10::Storage(
       c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(data, device), /*allocator=*/nullptr, /*resizable=*/false);
-}
-
-c10::Storage unowned_storage(const at::TensorBase& t, void* data, c10::Device device) {
-  return unowned_storage(t.storage().nbytes(), data, device);
 }
 
 } // namespace
@@ -66,8 +61,10 @@ at::Tensor kernel_view(const at::TensorBase& t) {
 
 at::Tensor kernel_cpu_view(const at::TensorBase& t) {
   TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
-  void* bytes = orKernelAddress(const_cast<void*>(t.storage().unsafeGetStorageImpl()->data()));
-  return cpu_alias(t, unowned_storage(t, bytes, c10::Device(c10::kCPU)));
+  KernelTensorMeta meta = kernel_tensor_meta(t);
+  meta.data = orKernelAddress(meta.data);
+  meta.device = c10::Device(c10::kCPU);
+  return kernel_view(meta);
 }
 
 int detail::read_launch_switches() {
@@ -136,7 +133,7 @@ void free_kernel(void* block, size_t bytes) noexcept {
   if (const size_t c = size_class(bytes); c < kClasses) {
     std::vector<void*>& blocks = kernel_blocks().free[c];
     if (blocks.size() < kKept) {
-      blocks.push_back(block); // reserved below: push_back does not allocate
+      blocks.push_back(block); // reserved by KernelBlocks(): push_back does not allocate
       return;
     }
   }

@@ -171,11 +171,9 @@ void run_kernel_inline(c10::DeviceIndex device, F&& body) {
 // "Kernels"). torch's CPU kernels do not split work below this size between
 // threads either (at::internal::GRAIN_SIZE).
 constexpr int64_t kSmallKernel = 32768;
-// The work of a kernel that is never run at once.
-constexpr int64_t kQueuedWork = kSmallKernel;
 
 // The runtime's launch switches (fixed when it starts, which a launch
-// follows), read once into a plain global: every launch reads them.
+// follows), read once into a global atomic: every launch reads them.
 namespace detail {
 enum LaunchSwitch : int { kLaunchBlocking = 1, kQueueAllKernels = 2, kSwitchesRead = 4 };
 inline std::atomic<int> launch_switches{0};

@@ -601,8 +601,6 @@ orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKerne
     kernel(args);
     return orError::Success;
   }
-  static const bool noqueue = getenv("OR_NOQUEUE") != nullptr;
-  if (noqueue) { release(args); return orError::Success; }
   stream->enqueue(Task{kernel, args, release, name});
   if (const detail::Config* config = detail::config(); config != nullptr && config->launch_blocking) {
     return stream->synchronize();
