@@ -59,12 +59,18 @@ at::Tensor kernel_view(const at::TensorBase& t) {
   return kernel_view(kernel_tensor_meta(t));
 }
 
-at::Tensor kernel_cpu_view(const at::TensorBase& t) {
-  TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
+KernelTensorMeta kernel_cpu_tensor_meta(const at::TensorBase& t) {
   KernelTensorMeta meta = kernel_tensor_meta(t);
-  meta.data = orKernelAddress(meta.data);
-  meta.device = c10::Device(c10::kCPU);
-  return kernel_view(meta);
+  if (meta.defined) {
+    TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
+    meta.data = orKernelAddress(meta.data);
+    meta.device = c10::Device(c10::kCPU);
+  }
+  return meta;
+}
+
+at::Tensor kernel_cpu_view(const at::TensorBase& t) {
+  return kernel_view(kernel_cpu_tensor_meta(t));
 }
 
 int detail::read_launch_switches() {

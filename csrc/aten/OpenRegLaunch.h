@@ -14,15 +14,22 @@
 // kernel runs it at once (orLaunchKernel).
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/TensorBase.h>
+#include <c10/core/Scalar.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/OptionalArrayRef.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -61,6 +68,8 @@ struct KernelTensorMeta {
 };
 KernelTensorMeta kernel_tensor_meta(const at::TensorBase& t);
 at::Tensor kernel_view(const KernelTensorMeta& meta);
+// kernel_tensor_meta of openreg tensor t, for a CPU view at kernel addresses.
+KernelTensorMeta kernel_cpu_tensor_meta(const at::TensorBase& t);
 
 // What a queued kernel keeps of one argument of its launch: a kernel_view of
 // an openreg tensor, a copy of a CPU tensor (host memory is not stream
@@ -81,6 +90,32 @@ auto kernel_argument(T&& value) {
         "an ArrayRef borrows the caller's memory: copy it into a vector before the launch");
     return std::decay_t<T>(std::forward<T>(value));
   }
+}
+// Arguments that borrow the caller's memory are kept as owned values that
+// convert back to the argument's type where the kernel passes them on.
+inline std::vector<int64_t> kernel_argument(at::IntArrayRef value) {
+  return value.vec();
+}
+inline std::string kernel_argument(c10::string_view value) {
+  return std::string(value);
+}
+struct KernelOptionalIntArray {
+  std::optional<std::vector<int64_t>> value;
+  operator at::OptionalIntArrayRef() const {
+    return value ? at::OptionalIntArrayRef(*value) : at::OptionalIntArrayRef();
+  }
+};
+inline KernelOptionalIntArray kernel_argument(at::OptionalIntArrayRef value) {
+  return {value ? std::optional<std::vector<int64_t>>(value->vec()) : std::nullopt};
+}
+struct KernelOptionalScalar {
+  std::optional<at::Scalar> value;
+  operator at::OptionalScalarRef() const {
+    return value ? at::OptionalScalarRef(*value) : at::OptionalScalarRef();
+  }
+};
+inline KernelOptionalScalar kernel_argument(at::OptionalScalarRef value) {
+  return {value ? std::optional<at::Scalar>(value.get()) : std::nullopt};
 }
 
 namespace detail {
@@ -126,6 +161,8 @@ template <typename Body>
 struct QueuedKernel {
   Body body;
   int threads;
+  // While the profiler observes: what it records of the kernel's run.
+  std::unique_ptr<trace::QueuedKernel> profiled;
 
   static void* operator new(size_t bytes) {
     return allocate_kernel(bytes);
@@ -140,6 +177,17 @@ struct QueuedKernel {
       at::set_num_threads(kernel.threads);
     }
     const RunningKernel running;
+    if (C10_UNLIKELY(kernel.profiled != nullptr)) {
+      kernel.profiled->start_ns = orActivityGetTimestamp();
+      struct Ran {
+        trace::QueuedKernel& kernel;
+        ~Ran() {
+          trace::queued_kernel_ran(kernel);
+        }
+      } ran{*kernel.profiled};
+      run_body(kernel.body);
+      return;
+    }
     run_body(kernel.body);
   }
 
@@ -233,12 +281,16 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
     run_kernel_inline(device, make());
     return;
   }
-  if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
-    trace::stream_joined(device);
-  }
   using Kernel = detail::QueuedKernel<decltype(make())>;
-  auto* kernel = new Kernel{make(), at::get_num_threads()};
-  OPENREG_CHECK(orLaunchKernel(current_raw_stream(device), &Kernel::run, kernel, &Kernel::release, name));
+  auto* kernel = new Kernel{make(), at::get_num_threads(), nullptr};
+  orStream_t stream = current_raw_stream(device);
+  if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
+    // The profiler records the kernel when it runs, not the launching call.
+    uint64_t id = 0;
+    OPENREG_CHECK(orStreamGetId(stream, &id));
+    kernel->profiled = std::make_unique<trace::QueuedKernel>(trace::queued_kernel(device, id));
+  }
+  OPENREG_CHECK(orLaunchKernel(stream, &Kernel::run, kernel, &Kernel::release, name));
 }
 
 // Queues body() on the current stream of `device`, or runs it at once if
@@ -249,6 +301,157 @@ void launch_kernel(c10::DeviceIndex device, const char* name, int64_t work, F&& 
     return;
   }
   launch_kernel_made(device, name, [&]() -> std::decay_t<F> { return std::forward<F>(body); });
+}
+
+// Combinations of operand dtypes a kernel has run with once: CPU's kernels
+// choose their loop by dtype (AT_DISPATCH) inside the kernel, where CUDA's
+// choose on the host before launching, so "not implemented for 'UInt16'" must
+// come from the call. The first launch of each combination runs at once in
+// the launching thread, raising what CPU raises; later ones are queued.
+// Lock-free open addressing over 1024 slots (the suite filled 64 for add); a
+// full table queues everything.
+class SeenDtypes {
+ public:
+  bool contains(uint64_t key) const {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      const uint64_t value = slots_[slot].load(std::memory_order_acquire);
+      if (value == key + 1) {
+        return true;
+      }
+      if (value == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+  void insert(uint64_t key) {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      uint64_t expected = 0;
+      if (slots_[slot].compare_exchange_strong(expected, key + 1) || expected == key + 1) {
+        return;
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kSlots = 1024;
+  static size_t start(uint64_t key) {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 54); // Fibonacci hashing: top 10 bits
+  }
+  std::array<std::atomic<uint64_t>, kSlots> slots_{};
+};
+
+// The operands of a kernel that runs CPU code on device memory. The launch
+// captures each tensor's metadata at kernel addresses (a CPU tensor is copied,
+// kernel_tensor_argument); the kernel makes CPU tensors of them, views at
+// kernel addresses, one per distinct tensor, so that a tensor passed twice (an
+// in-place call's self and output) is one tensor there, as on CPU.
+template <size_t N>
+class KernelCpuOperands {
+ public:
+  explicit KernelCpuOperands(const std::array<const at::TensorBase*, N>& tensors) {
+    for (size_t i = 0; i < N; ++i) {
+      const at::TensorBase& t = *tensors[i];
+      first_[i] = i;
+      for (size_t j = 0; j < i && t.defined(); ++j) {
+        if (tensors[j]->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          first_[i] = j;
+          break;
+        }
+      }
+      if (first_[i] != i) {
+        continue;
+      }
+      if (t.defined() && !t.device().is_privateuseone()) {
+        cpu_[i] = kernel_tensor_argument(t);
+      } else {
+        metas_[i] = kernel_cpu_tensor_meta(t);
+      }
+    }
+  }
+
+  // Runs body(tensors) with the operands as CPU tensors. CPU code that
+  // replaced an operand (through a const_cast) or moved its memory would
+  // leave its result where the device tensor never sees it: that raises.
+  template <typename Body>
+  void run(const char* name, Body& body) const {
+    std::array<at::Tensor, N> tensors;
+    std::array<const void*, N> memory{};
+    for (size_t i = 0; i < N; ++i) {
+      tensors[i] = first_[i] != i ? tensors[first_[i]] : cpu_[i].defined() ? cpu_[i] : kernel_view(metas_[i]);
+      memory[i] = tensors[i].defined() ? tensors[i].storage().data() : nullptr;
+    }
+    const std::array<at::Tensor, N> made = tensors;
+    body(tensors);
+    for (size_t i = 0; i < N; ++i) {
+      TORCH_CHECK(
+          tensors[i].unsafeGetTensorImpl() == made[i].unsafeGetTensorImpl() &&
+              (!made[i].defined() || made[i].storage().data() == memory[i]),
+          name, ": the CPU code replaced or moved operand ", i, ", so its result cannot reach the openreg tensor. "
+          "This is an openreg bug: bind the operator under cpu_kernels instead.");
+    }
+  }
+
+ private:
+  std::array<KernelTensorMeta, N> metas_;
+  std::array<at::Tensor, N> cpu_;
+  std::array<size_t, N> first_{};
+};
+
+// The dtypes of `tensors`, packed, for SeenDtypes (0xff for an undefined one).
+template <size_t N>
+uint64_t dtype_key(const std::array<const at::TensorBase*, N>& tensors) {
+  static_assert(N < 8, "dtype_key packs at most 7 operands");
+  uint64_t key = N;
+  for (size_t i = 0; i < N; ++i) {
+    const uint8_t dtype = tensors[i]->defined() ? static_cast<uint8_t>(tensors[i]->scalar_type()) : 0xff;
+    key |= static_cast<uint64_t>(dtype) << (8 * (i + 1));
+  }
+  return key;
+}
+
+template <size_t N, typename Body>
+struct CpuOperandsKernel {
+  KernelCpuOperands<N> operands;
+  Body body;
+  const char* name;
+  void operator()() {
+    operands.run(name, body);
+  }
+};
+
+// Launches body(tensors) on the current stream of `device`: CPU code over
+// `tensors` as CPU tensors at kernel addresses (KernelCpuOperands), with
+// what body captured by value (kernel_argument). `work` (elements) decides
+// whether it is small (run_small_kernel_if_idle). As for an iterator's
+// kernel (launch_iterator_kernel), the first launch of each combination of
+// operand dtypes in `seen` runs in the calling thread, so CPU's dtype errors
+// raise at the call; so does every launch with OPENREG_LAUNCH_BLOCKING=1.
+template <size_t N, typename Body>
+void launch_cpu_kernel(
+    c10::DeviceIndex device,
+    const char* name,
+    int64_t work,
+    SeenDtypes& seen,
+    const std::array<const at::TensorBase*, N>& tensors,
+    Body&& body) {
+  using Kernel = CpuOperandsKernel<N, std::decay_t<Body>>;
+  auto make = [&]() -> Kernel { return Kernel{KernelCpuOperands<N>(tensors), std::forward<Body>(body), name}; };
+  if (inside_kernel()) {
+    make()();
+    return;
+  }
+  const uint64_t key = dtype_key(tensors);
+  if (!seen.contains(key) || launch_blocking()) {
+    run_kernel_inline(device, make());
+    seen.insert(key);
+    return;
+  }
+  auto run = [&] { make()(); };
+  if (run_small_kernel_if_idle(device, name, work, run)) {
+    return;
+  }
+  launch_kernel_made(device, name, make);
 }
 
 } // namespace openreg
