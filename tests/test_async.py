@@ -133,6 +133,40 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
     assert "queued 1 True" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda x, i: torch.softmax(x, 1), id="structured_on_cpu_aliases"),
+        pytest.param(lambda x, i: torch.nn.functional.gelu(x), id="structured_on_cpu_aliases_iterator"),
+        pytest.param(lambda x, i: torch.cumsum(x, 1, out=x), id="structured_on_cpu_aliases_out_is_self"),
+        pytest.param(lambda x, i: x @ x, id="mm_blas"),
+        pytest.param(lambda x, i: x.to(torch.int64) @ x.to(torch.int64), id="mm_cpu_kernel"),
+        pytest.param(lambda x, i: x.view(64, 8, 8) @ x.view(64, 8, 8), id="bmm"),
+        pytest.param(lambda x, i: x.gather(1, i), id="gather"),
+        pytest.param(lambda x, i: x.scatter(1, i, 2.0), id="scatter"),
+        pytest.param(lambda x, i: x.index_select(0, i[0]), id="index_select"),
+        pytest.param(lambda x, i: x.max(1), id="max_dim"),
+    ],
+)
+def test_every_launching_route_queues_behind_queued_work(fn):
+    # Each route launches its kernel: behind a busy stream the call returns
+    # at once, the kernel runs in stream order and computes what CPU does.
+    x = torch.randn(64, 64).round()
+    i = torch.randint(0, 64, (64, 64))
+    expected = fn(x.clone(), i)
+    dx, di = x.to(DEVICE), i.to(DEVICE)
+    launched_before(lambda: fn(dx.clone(), di))
+    dx = dx.clone()
+    torch.openreg.synchronize()
+    busy()
+    count = queued()
+    out, launch_ms = elapsed(lambda: fn(dx, di))
+    assert (queued() > count) is not BLOCKING
+    _, sync_ms = elapsed(torch.openreg.synchronize)
+    assert_waited(launch_ms, sync_ms)
+    torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), tuple(out) if isinstance(out, tuple) else out), expected)
+
+
 def test_kernels_run_in_stream_order():
     x = torch.zeros(1000, device=DEVICE)
     busy(50)

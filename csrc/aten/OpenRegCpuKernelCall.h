@@ -118,7 +118,7 @@ class CpuKernelCall {
   // Step 2.
   void begin();
   // begin()'s checks of the noted arguments alone, for a kernel launched
-  // rather than run here (launch_cpu_out_kernel).
+  // rather than run here (launch_out_kernel).
   void check() const;
 
   // Step 3: the CPU kernel's arguments. alias()'s references and lists stay
@@ -236,14 +236,15 @@ void run_cpu_out_kernel(
   call.finish();
 }
 
-// CPU's out= kernel launched on the current stream, for what an openreg
-// kernel leaves to it: kernel(t) runs with t the CPU tensors of out and
-// `inputs`, in that order (launch_cpu_kernel), and anything else it needs
-// captured by value. The inputs are checked first as CpuKernelCall checks
-// them (named in errors as given): a 0-dim CPU operand is taken, as CUDA
-// takes one, and copied for the kernel.
-template <size_t N, typename Kernel>
-void launch_cpu_out_kernel(
+// An out= kernel launched on the current stream (launch_operands_kernel), for
+// what an openreg kernel leaves to CPU's: kernel(t) runs with t the tensors
+// of out and `inputs`, in that order, and anything else it needs captured by
+// value. The inputs are checked first as CpuKernelCall checks them (named in
+// errors as given): a 0-dim CPU operand is taken, as CUDA takes one, and
+// copied for the kernel. With kDeviceTensors, cpu_tensors_of(t) gives CPU
+// tensors for CPU's kernel on a slower path.
+template <bool kCpu, size_t N, typename Kernel>
+void launch_out_kernel(
     const char* op,
     SeenDtypes& seen,
     const std::pair<const at::Tensor*, const char*> (&inputs)[N],
@@ -259,7 +260,7 @@ void launch_cpu_out_kernel(
   }
   call.note(out, "out", /*written=*/true);
   call.check();
-  launch_cpu_kernel(out.device().index(), op, work, seen, tensors, std::forward<Kernel>(kernel));
+  launch_operands_kernel<kCpu>(out.device().index(), op, work, seen, tensors, std::forward<Kernel>(kernel));
 }
 
 } // namespace openreg

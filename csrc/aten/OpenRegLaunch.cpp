@@ -45,10 +45,13 @@ at::Tensor kernel_view(const KernelTensorMeta& meta) {
   if (!meta.defined) {
     return {};
   }
+  return kernel_view(meta, unowned_storage(meta.nbytes, meta.data, meta.device));
+}
+
+at::Tensor kernel_view(const KernelTensorMeta& meta, const c10::Storage& storage) {
   // Over CPU memory: an operand's CPU alias, at kernel addresses.
   const c10::DispatchKey key = meta.device.is_cpu() ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1;
-  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-      unowned_storage(meta.nbytes, meta.data, meta.device), c10::DispatchKeySet(key), meta.dtype);
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), meta.dtype);
   view.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes, meta.strides, meta.offset);
   view._set_conj(meta.conj);
   view._set_neg(meta.neg);

@@ -33,6 +33,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
@@ -68,6 +69,9 @@ struct KernelTensorMeta {
 };
 KernelTensorMeta kernel_tensor_meta(const at::TensorBase& t);
 at::Tensor kernel_view(const KernelTensorMeta& meta);
+// kernel_view of `meta` over `storage`, another view's storage of the same
+// memory (so that the two share it, as tensors of one storage do).
+at::Tensor kernel_view(const KernelTensorMeta& meta, const c10::Storage& storage);
 // kernel_tensor_meta of openreg tensor t, for a CPU view at kernel addresses.
 KernelTensorMeta kernel_cpu_tensor_meta(const at::TensorBase& t);
 
@@ -341,63 +345,6 @@ class SeenDtypes {
   std::array<std::atomic<uint64_t>, kSlots> slots_{};
 };
 
-// The operands of a kernel that runs CPU code on device memory. The launch
-// captures each tensor's metadata at kernel addresses (a CPU tensor is copied,
-// kernel_tensor_argument); the kernel makes CPU tensors of them, views at
-// kernel addresses, one per distinct tensor, so that a tensor passed twice (an
-// in-place call's self and output) is one tensor there, as on CPU.
-template <size_t N>
-class KernelCpuOperands {
- public:
-  explicit KernelCpuOperands(const std::array<const at::TensorBase*, N>& tensors) {
-    for (size_t i = 0; i < N; ++i) {
-      const at::TensorBase& t = *tensors[i];
-      first_[i] = i;
-      for (size_t j = 0; j < i && t.defined(); ++j) {
-        if (tensors[j]->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-          first_[i] = j;
-          break;
-        }
-      }
-      if (first_[i] != i) {
-        continue;
-      }
-      if (t.defined() && !t.device().is_privateuseone()) {
-        cpu_[i] = kernel_tensor_argument(t);
-      } else {
-        metas_[i] = kernel_cpu_tensor_meta(t);
-      }
-    }
-  }
-
-  // Runs body(tensors) with the operands as CPU tensors. CPU code that
-  // replaced an operand (through a const_cast) or moved its memory would
-  // leave its result where the device tensor never sees it: that raises.
-  template <typename Body>
-  void run(const char* name, Body& body) const {
-    std::array<at::Tensor, N> tensors;
-    std::array<const void*, N> memory{};
-    for (size_t i = 0; i < N; ++i) {
-      tensors[i] = first_[i] != i ? tensors[first_[i]] : cpu_[i].defined() ? cpu_[i] : kernel_view(metas_[i]);
-      memory[i] = tensors[i].defined() ? tensors[i].storage().data() : nullptr;
-    }
-    const std::array<at::Tensor, N> made = tensors;
-    body(tensors);
-    for (size_t i = 0; i < N; ++i) {
-      TORCH_CHECK(
-          tensors[i].unsafeGetTensorImpl() == made[i].unsafeGetTensorImpl() &&
-              (!made[i].defined() || made[i].storage().data() == memory[i]),
-          name, ": the CPU code replaced or moved operand ", i, ", so its result cannot reach the openreg tensor. "
-          "This is an openreg bug: bind the operator under cpu_kernels instead.");
-    }
-  }
-
- private:
-  std::array<KernelTensorMeta, N> metas_;
-  std::array<at::Tensor, N> cpu_;
-  std::array<size_t, N> first_{};
-};
-
 // The dtypes of `tensors`, packed, for SeenDtypes (0xff for an undefined one).
 template <size_t N>
 uint64_t dtype_key(const std::array<const at::TensorBase*, N>& tensors) {
@@ -410,48 +357,207 @@ uint64_t dtype_key(const std::array<const at::TensorBase*, N>& tensors) {
   return key;
 }
 
+// The tensor operands of a queued kernel. The launch captures each tensor's
+// metadata (a CPU tensor is copied, kernel_tensor_argument); the kernel makes
+// views of them (kernel_view), one per distinct tensor and one storage per
+// device storage, so that a tensor passed twice (an in-place call's self and
+// output) is one tensor there and operands that share memory share a
+// storage. With kCpu, the views are CPU tensors at kernel addresses, for CPU
+// code; otherwise openreg tensors, whose memory the kernel reads at
+// orKernelAddress.
+template <size_t N, bool kCpu>
+class KernelOperands {
+ public:
+  explicit KernelOperands(const std::array<const at::TensorBase*, N>& tensors) {
+    for (size_t i = 0; i < N; ++i) {
+      const at::TensorBase& t = *tensors[i];
+      first_[i] = i;
+      storage_of_[i] = i;
+      for (size_t j = 0; j < i && t.defined(); ++j) {
+        const at::TensorBase& other = *tensors[j];
+        if (other.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          first_[i] = j;
+          break;
+        }
+        if (other.defined() && storage_of_[i] == i && other.device() == t.device() &&
+            other.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl()) {
+          storage_of_[i] = j;
+        }
+      }
+      if (first_[i] != i) {
+        continue;
+      }
+      if (t.defined() && !t.device().is_privateuseone()) {
+        cpu_[i] = kernel_tensor_argument(t);
+        storage_of_[i] = i;
+      } else {
+        metas_[i] = kCpu ? kernel_cpu_tensor_meta(t) : kernel_tensor_meta(t);
+      }
+    }
+  }
+
+  // The operands, in the kernel.
+  std::array<at::Tensor, N> tensors() const {
+    std::array<at::Tensor, N> out;
+    for (size_t i = 0; i < N; ++i) {
+      if (first_[i] != i) {
+        out[i] = out[first_[i]];
+      } else if (cpu_[i].defined()) {
+        out[i] = cpu_[i];
+      } else if (storage_of_[i] != i) {
+        out[i] = kernel_view(metas_[i], out[storage_of_[i]].storage());
+      } else {
+        out[i] = kernel_view(metas_[i]);
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::array<KernelTensorMeta, N> metas_;
+  std::array<at::Tensor, N> cpu_;
+  std::array<size_t, N> first_{}; // the first operand that is the same tensor
+  std::array<size_t, N> storage_of_{}; // the first operand on the same storage
+};
+
+namespace detail {
+// Runs body(tensors) and checks that CPU code did not replace a tensor
+// (through a const_cast) or move its memory: its result would then be where
+// the device tensor never sees it.
 template <size_t N, typename Body>
-struct CpuOperandsKernel {
-  KernelCpuOperands<N> operands;
+void run_on_tensors(const char* name, std::array<at::Tensor, N>& tensors, Body& body) {
+  std::array<const c10::TensorImpl*, N> made{};
+  std::array<const void*, N> memory{};
+  for (size_t i = 0; i < N; ++i) {
+    made[i] = tensors[i].unsafeGetTensorImpl();
+    memory[i] = tensors[i].defined() ? tensors[i].storage().data() : nullptr;
+  }
+  body(tensors);
+  for (size_t i = 0; i < N; ++i) {
+    TORCH_CHECK(
+        tensors[i].unsafeGetTensorImpl() == made[i] && (memory[i] == nullptr || tensors[i].storage().data() == memory[i]),
+        name, ": the CPU code replaced or moved operand ", i, ", so its result cannot reach the openreg tensor. "
+        "This is an openreg bug: bind the operator under cpu_kernels instead.");
+  }
+}
+
+// body(tensors) in the calling thread, in the current stream's order: with
+// kCpu the openreg operands as recycled CPU aliases (CpuAliases), cheaper to
+// make than kernel views; otherwise the operands themselves. Both borrowed:
+// the array changes no reference count.
+template <bool kCpu, size_t N, typename Body>
+void run_here(const char* name, const std::array<const at::TensorBase*, N>& operands, Body& body) {
+  using Borrow = c10::MaybeOwnedTraits<at::Tensor>;
+  std::optional<CpuAliases<N>> aliases;
+  if constexpr (kCpu) {
+    aliases.emplace();
+  }
+  struct Borrowed {
+    std::array<at::Tensor, N> tensors;
+    std::array<const c10::TensorImpl*, N> lent{};
+    ~Borrowed() {
+      for (size_t i = 0; i < N; ++i) {
+        if (tensors[i].unsafeGetTensorImpl() == lent[i]) {
+          Borrow::destroyBorrow(tensors[i]); // otherwise replaced by one the array owns
+        }
+      }
+    }
+  } borrowed;
+  for (size_t i = 0; i < N; ++i) {
+    // Every operand is an at::Tensor (the launches take their addresses).
+    const auto& t = static_cast<const at::Tensor&>(*operands[i]);
+    borrowed.tensors[i] =
+        Borrow::createBorrow(kCpu && t.defined() && t.device().is_privateuseone() ? aliases->get(t).first->alias : t);
+    borrowed.lent[i] = borrowed.tensors[i].unsafeGetTensorImpl();
+  }
+  if constexpr (kCpu) {
+    run_on_tensors(name, borrowed.tensors, body);
+  } else {
+    body(borrowed.tensors); // openreg's own code, which keeps its operands
+  }
+}
+
+// How every launch of the kernels here decides where its kernel runs:
+// here() at once inside a kernel; here() in the calling thread on the first
+// launch of `key`'s combination of operand dtypes in `seen` (so CPU's dtype
+// errors raise at the call) and with OPENREG_LAUNCH_BLOCKING=1; here() as a
+// small kernel on an idle stream; otherwise the kernel make() returns,
+// queued.
+template <typename Here, typename Make>
+void run_or_launch(
+    c10::DeviceIndex device, const char* name, int64_t work, SeenDtypes& seen, uint64_t key, Here& here, Make&& make) {
+  if (inside_kernel()) {
+    here();
+    return;
+  }
+  if (!seen.contains(key) || launch_blocking()) {
+    run_kernel_inline(device, here);
+    seen.insert(key);
+    return;
+  }
+  if (run_small_kernel_if_idle(device, name, work, here)) {
+    return;
+  }
+  launch_kernel_made(device, name, std::forward<Make>(make));
+}
+
+template <bool kCpu, size_t N, typename Body>
+struct OperandsKernel {
+  KernelOperands<N, kCpu> operands;
   Body body;
   const char* name;
   void operator()() {
-    operands.run(name, body);
+    std::array<at::Tensor, N> tensors = operands.tensors();
+    if constexpr (kCpu) {
+      run_on_tensors(name, tensors, body);
+    } else {
+      body(tensors);
+    }
   }
 };
 
-// Launches body(tensors) on the current stream of `device`: CPU code over
-// `tensors` as CPU tensors at kernel addresses (KernelCpuOperands), with
-// what body captured by value (kernel_argument). `work` (elements) decides
-// whether it is small (run_small_kernel_if_idle). As for an iterator's
-// kernel (launch_iterator_kernel), the first launch of each combination of
-// operand dtypes in `seen` runs in the calling thread, so CPU's dtype errors
-// raise at the call; so does every launch with OPENREG_LAUNCH_BLOCKING=1.
-template <size_t N, typename Body>
-void launch_cpu_kernel(
+} // namespace detail
+
+// How a kernel of launch_operands_kernel gets its tensor operands.
+inline constexpr bool kCpuTensors = true; // CPU tensors at kernel addresses, for CPU code
+inline constexpr bool kDeviceTensors = false; // openreg tensors, for openreg's own code
+
+// Launches body(tensors) on the current stream of `device`: code over
+// `tensors`, which body gets as CPU tensors at kernel addresses (kCpu, for
+// CPU functions), or as openreg tensors whose memory it reads at
+// orKernelAddress (openreg's own loops); what else body needs it captures by
+// value (kernel_argument). Queued, the operands are views the kernel makes
+// (KernelOperands); run at once, the caller's own tensors or recycled CPU
+// aliases, borrowed. `work` (elements) decides whether it is small
+// (run_small_kernel_if_idle). As for an iterator's kernel
+// (launch_iterator_kernel), the first launch of each combination of operand
+// dtypes in `seen` runs in the calling thread, so CPU's dtype errors raise at
+// the call; so does every launch with OPENREG_LAUNCH_BLOCKING=1.
+template <bool kCpu, size_t N, typename Body>
+void launch_operands_kernel(
     c10::DeviceIndex device,
     const char* name,
     int64_t work,
     SeenDtypes& seen,
     const std::array<const at::TensorBase*, N>& tensors,
     Body&& body) {
-  using Kernel = CpuOperandsKernel<N, std::decay_t<Body>>;
-  auto make = [&]() -> Kernel { return Kernel{KernelCpuOperands<N>(tensors), std::forward<Body>(body), name}; };
-  if (inside_kernel()) {
-    make()();
-    return;
+  auto here = [&] { detail::run_here<kCpu>(name, tensors, body); };
+  using Kernel = detail::OperandsKernel<kCpu, N, std::decay_t<Body>>;
+  detail::run_or_launch(device, name, work, seen, dtype_key(tensors), here, [&]() -> Kernel {
+    return Kernel{KernelOperands<N, kCpu>(tensors), std::forward<Body>(body), name};
+  });
+}
+
+// In a kernel of launch_operands_kernel<kDeviceTensors>: CPU tensors at the kernel addresses of
+// its operands (one per distinct tensor, as KernelOperands makes them), for
+// CPU code on a slower path.
+template <size_t N>
+std::array<at::Tensor, N> cpu_tensors_of(const std::array<at::Tensor, N>& tensors) {
+  std::array<const at::TensorBase*, N> operands;
+  for (size_t i = 0; i < N; ++i) {
+    operands[i] = &tensors[i];
   }
-  const uint64_t key = dtype_key(tensors);
-  if (!seen.contains(key) || launch_blocking()) {
-    run_kernel_inline(device, make());
-    seen.insert(key);
-    return;
-  }
-  auto run = [&] { make()(); };
-  if (run_small_kernel_if_idle(device, name, work, run)) {
-    return;
-  }
-  launch_kernel_made(device, name, make);
+  return KernelOperands<N, /*kCpu=*/true>(operands).tensors();
 }
 
 } // namespace openreg

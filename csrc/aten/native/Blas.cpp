@@ -33,6 +33,7 @@
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegLaunch.h"
+#include "runtime/OpenRegRuntime.h"
 
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
@@ -121,12 +122,11 @@ std::optional<Gemm> plan(const at::Tensor& out, const at::Tensor& m1, const at::
   return g;
 }
 
-// dst = src for two matrices of one shape and dtype, any strides (CPU
-// tensors in a kernel).
+// dst = src for two matrices of one shape and dtype, any strides.
 template <class T>
 void copy_matrix(const at::Tensor& src, const at::Tensor& dst) {
-  const T* from = src.const_data_ptr<T>();
-  T* to = dst.mutable_data_ptr<T>();
+  const T* from = static_cast<const T*>(orKernelAddress(src.const_data_ptr()));
+  T* to = static_cast<T*>(orKernelAddress(dst.mutable_data_ptr()));
   const int64_t rows = dst.size(0), cols = dst.size(1);
   const int64_t from_row = src.stride(0), from_col = src.stride(1);
   const int64_t to_row = dst.stride(0), to_col = dst.stride(1);
@@ -137,8 +137,7 @@ void copy_matrix(const at::Tensor& src, const at::Tensor& dst) {
   }
 }
 
-// The BLAS call, after copying `bias` (if defined) into out; CPU tensors in
-// a kernel.
+// The BLAS call, after copying `bias` (if defined) into out.
 template <class T, class F>
 void run(const Gemm& g, F blas, const at::Tensor& bias, const at::Tensor& out, const at::Tensor& m1,
          const at::Tensor& m2, const at::Scalar& alpha_, const at::Scalar& beta_) {
@@ -153,8 +152,9 @@ void run(const Gemm& g, F blas, const at::Tensor& bias, const at::Tensor& out, c
   const int lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
   const T alpha = alpha_.to<T>();
   const T beta = beta_.to<T>();
-  blas(&transa, &transb, &m, &n, &k, &alpha, a.const_data_ptr<T>(), &lda, b.const_data_ptr<T>(), &ldb, &beta,
-       out.mutable_data_ptr<T>(), &ldc);
+  blas(&transa, &transb, &m, &n, &k, &alpha, static_cast<const T*>(orKernelAddress(a.const_data_ptr())), &lda,
+       static_cast<const T*>(orKernelAddress(b.const_data_ptr())), &ldb, &beta,
+       static_cast<T*>(orKernelAddress(out.mutable_data_ptr())), &ldc);
 }
 
 bool blas_dtype(const at::Tensor& out) {
@@ -201,7 +201,7 @@ bool blas_addmm(
   }
   static SeenDtypes seen;
   const at::Tensor no_bias;
-  launch_cpu_kernel(
+  launch_operands_kernel<kDeviceTensors>(
       out.device().index(), "openreg::native::blas_addmm", std::max({out.numel(), m1.numel(), m2.numel()}), seen,
       std::array<const at::TensorBase*, 4>{&out, &m1, &m2, add && small ? &self : &no_bias},
       [g = *g, alpha, beta](const std::array<at::Tensor, 4>& t) {
@@ -228,9 +228,9 @@ void small_batched(const at::Tensor& out, const at::Tensor& m1, const at::Tensor
   using acc_t = at::opmath_type<T>;
   const acc_t alpha = alpha_.to<acc_t>();
   const acc_t beta = beta_.to<acc_t>();
-  T* r = out.mutable_data_ptr<T>();
-  const T* x = m1.const_data_ptr<T>();
-  const T* y = m2.const_data_ptr<T>();
+  T* r = static_cast<T*>(orKernelAddress(out.mutable_data_ptr()));
+  const T* x = static_cast<const T*>(orKernelAddress(m1.const_data_ptr()));
+  const T* y = static_cast<const T*>(orKernelAddress(m2.const_data_ptr()));
   const int64_t rows = out.size(1), cols = out.size(2), inner = m1.size(2);
   const auto rs = out.strides(), xs = m1.strides(), ys = m2.strides();
   const int64_t grain = std::max<int64_t>(at::internal::GRAIN_SIZE / (rows * cols * inner), 1);
@@ -282,7 +282,7 @@ bool small_batched_product(
       return false;
   }
   static SeenDtypes seen;
-  launch_cpu_kernel(
+  launch_operands_kernel<kDeviceTensors>(
       out.device().index(), "openreg::native::small_batched_product", std::max({out.numel(), m1.numel(), m2.numel()}),
       seen, std::array<const at::TensorBase*, 3>{&out, &m1, &m2},
       [beta, alpha](const std::array<at::Tensor, 3>& t) {
@@ -313,7 +313,7 @@ void mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& ou
     return;
   }
   static SeenDtypes seen;
-  launch_cpu_out_kernel("aten::mm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
+  launch_out_kernel<kCpuTensors>("aten::mm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
     at::cpu::mm_out(t[0], t[1], t[2]);
   });
 }
@@ -333,7 +333,7 @@ void addmm_out(
     return;
   }
   static SeenDtypes seen;
-  launch_cpu_out_kernel(
+  launch_out_kernel<kCpuTensors>(
       "aten::addmm", seen, {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [beta, alpha](auto& t) {
         at::cpu::addmm_out(t[0], t[1], t[2], t[3], beta, alpha);
       });
@@ -344,7 +344,7 @@ void bmm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& o
     return;
   }
   static SeenDtypes seen;
-  launch_cpu_out_kernel("aten::bmm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
+  launch_out_kernel<kCpuTensors>("aten::bmm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
     at::cpu::bmm_out(t[0], t[1], t[2]);
   });
 }
@@ -361,7 +361,7 @@ void baddbmm_out(
     return;
   }
   static SeenDtypes seen;
-  launch_cpu_out_kernel(
+  launch_out_kernel<kCpuTensors>(
       "aten::baddbmm", seen, {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out,
       [beta, alpha](auto& t) { BaddbmmImpl().impl(t[1], t[2], t[3], beta, alpha, t[0]); });
 }

@@ -181,21 +181,10 @@ struct IteratorKernel {
 // (run_kernel_inline), and so does every launch when OPENREG_LAUNCH_BLOCKING=1.
 template <typename Iter, typename Body>
 void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body) {
-  if (inside_kernel()) {
-    body(iter);
-    return;
-  }
-  const uint64_t key = dtype_key(iter);
-  if (!seen.contains(key) || launch_blocking()) {
-    run_kernel_inline(iter.device().index(), [&] { body(iter); });
-    seen.insert(key);
-    return;
-  }
-  auto run = [&] { body(iter); };
-  if (run_small_kernel_if_idle(iter.device().index(), name, iter.numel(), run)) {
-    return;
-  }
-  launch_kernel_made(iter.device().index(), name, [&] { return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body}; });
+  auto here = [&] { body(iter); };
+  detail::run_or_launch(iter.device().index(), name, iter.numel(), seen, dtype_key(iter), here, [&] {
+    return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body};
+  });
 }
 
 template <auto* stub, typename Iter, typename... Args>
@@ -212,7 +201,7 @@ struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
 // launched as a kernel after meta() ran in the calling thread: in the kernel,
 // impl() runs on an object of CPU's class made there, without meta()'s
 // outputs (impl() takes them as arguments), its tensor arguments CPU tensors
-// at kernel addresses (launch_cpu_kernel). An iterator class's impl() runs on
+// at kernel addresses (launch_operands_kernel). An iterator class's impl() runs on
 // a copy of the iterator meta() built (KernelIterator, after
 // prepare_structured_impl pointed it at kernel addresses): gelu's calls its
 // CPU kernel with *this.
@@ -236,6 +225,22 @@ struct CpuIteratorImpl final : Parent {
 // `Parent` and tensors the CPU tensors of `tensors`, impl()'s tensor
 // arguments in order; op is the object meta() ran on. The work is the
 // largest operand's size.
+template <class Parent, size_t N, typename Body>
+struct IteratorImplKernel {
+  KernelIterator iter;
+  KernelOperands<N, /*kCpu=*/true> operands;
+  Body body;
+  const char* name;
+  void operator()() {
+    std::array<at::Tensor, N> tensors = operands.tensors();
+    iter.run([&](at::TensorIterator& it) {
+      CpuIteratorImpl<Parent> impl(it);
+      auto with_impl = [&](std::array<at::Tensor, N>& t) { body(impl, t); };
+      detail::run_on_tensors(name, tensors, with_impl);
+    });
+  }
+};
+
 template <class Parent, size_t N, typename Op, typename Body>
 void launch_structured_cpu_impl(
     Op& op, const char* name, SeenDtypes& seen, const std::array<const at::TensorBase*, N>& tensors, Body&& body) {
@@ -245,17 +250,16 @@ void launch_structured_cpu_impl(
   }
   const c10::DeviceIndex device = tensors[N - 1]->device().index(); // an output
   if constexpr (std::is_base_of_v<at::TensorIteratorBase, Parent>) {
-    launch_cpu_kernel(
-        device, name, work, seen, tensors,
-        [iter = KernelIterator(op), body = std::forward<Body>(body)](const std::array<at::Tensor, N>& cpu) {
-          iter.run([&](at::TensorIterator& it) {
-            CpuIteratorImpl<Parent> impl(it);
-            body(impl, cpu);
-          });
-        });
+    // At once, impl() runs on `op` itself, whose iterator meta() built.
+    auto on_op = [&](std::array<at::Tensor, N>& t) { body(op, t); };
+    auto here = [&] { detail::run_here<true>(name, tensors, on_op); };
+    using Kernel = IteratorImplKernel<Parent, N, std::decay_t<Body>>;
+    detail::run_or_launch(device, name, work, seen, ::openreg::dtype_key(tensors), here, [&]() -> Kernel {
+      return Kernel{KernelIterator(op), KernelOperands<N, true>(tensors), std::forward<Body>(body), name};
+    });
   } else {
-    launch_cpu_kernel(
-        device, name, work, seen, tensors, [body = std::forward<Body>(body)](const std::array<at::Tensor, N>& cpu) {
+    launch_operands_kernel<kCpuTensors>(
+        device, name, work, seen, tensors, [body = std::forward<Body>(body)](std::array<at::Tensor, N>& cpu) {
           CpuImpl<Parent> impl;
           body(impl, cpu);
         });

@@ -95,16 +95,15 @@ bool copies_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index,
       out.numel() < at::internal::GRAIN_SIZE;
 }
 
-// In a kernel, on CPU tensors.
 void copy_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& out) {
   const int64_t count = index.numel();
   const int64_t size = self.size(dim);
   const int64_t outer = c10::multiply_integers(self.sizes().slice(0, dim));
   const size_t block = c10::multiply_integers(self.sizes().slice(dim + 1)) * self.element_size();
-  const char* src = static_cast<const char*>(self.const_data_ptr());
-  char* dst = static_cast<char*>(out.mutable_data_ptr());
+  const char* src = static_cast<const char*>(orKernelAddress(self.const_data_ptr()));
+  char* dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr()));
   AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_index_select", [&] {
-    const index_t* selected = index.const_data_ptr<index_t>();
+    const index_t* selected = static_cast<const index_t*>(orKernelAddress(index.const_data_ptr()));
     for (int64_t i = 0; i < count; ++i) {
       TORCH_CHECK_INDEX(selected[i] >= 0 && selected[i] < size, "index out of range in self");
     }
@@ -123,11 +122,12 @@ at::Tensor& launch_index_select(const at::Tensor& self, int64_t dim, const at::T
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   const bool blocks = copies_blocks(self, d, index, out);
   static SeenDtypes seen;
-  launch_cpu_out_kernel("aten::index_select.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+  launch_out_kernel<kDeviceTensors>("aten::index_select.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
     if (blocks) {
       copy_blocks(t[1], d, t[2], t[0]);
     } else {
-      at::cpu::index_select_out(t[0], t[1], dim, t[2]);
+      auto c = cpu_tensors_of(t);
+      at::cpu::index_select_out(c[0], c[1], dim, c[2]);
     }
   });
   return out;

@@ -22,7 +22,7 @@ void max_kernel(
     int64_t dim,
     bool keepdim) {
   static SeenDtypes seen;
-  launch_cpu_kernel(
+  launch_operands_kernel<kCpuTensors>(
       self.device().index(), "at::native::max_stub", self.numel(), seen,
       std::array<const at::TensorBase*, 3>{&values, &indices, &self}, [dim, keepdim](auto& t) {
         at::native::max_stub(c10::DeviceType::CPU, t[0], t[1], t[2], dim, keepdim);

@@ -8,7 +8,7 @@
 // elements on kernel addresses instead, without the iterator: a gather or a
 // scatter only moves elements, so the result is CPU's bit for bit as long as
 // writes to one position keep CPU's order. Both run as a kernel launched on
-// the stream (launch_cpu_out_kernel), which decides on the indices. Within a slice along `dim` CPU
+// the stream (launch_out_kernel), which decides on the indices. Within a slice along `dim` CPU
 // writes in increasing position along `dim`, and slices never share a
 // position; the loop here walks `index` in row-major order, which keeps that
 // order. Every index is checked before anything is written; if one is out of
@@ -30,6 +30,7 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegCpuKernelCall.h"
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
 namespace {
@@ -102,7 +103,7 @@ void for_each_position(const at::Tensor& index, at::IntArrayRef self_strides, at
 
 template <typename index_t>
 bool in_bounds(const at::Tensor& index, int64_t size) {
-  const auto* data = index.const_data_ptr<index_t>();
+  const auto* data = static_cast<const index_t*>(orKernelAddress(index.const_data_ptr()));
   bool ok = true;
   for_each_position(index, index.strides(), index.strides(), -1, [&](int64_t i, int64_t, int64_t) {
     ok = ok && data[i] >= 0 && data[i] < size;
@@ -141,12 +142,12 @@ void with_element_type(size_t element_size, F&& f) {
 // out[p] = self[p with p[dim] = index[p]], for every position p of index.
 template <typename index_t>
 void gather_elements(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& out) {
-  const auto* idx = index.const_data_ptr<index_t>();
+  const auto* idx = static_cast<const index_t*>(orKernelAddress(index.const_data_ptr()));
   const int64_t dim_stride = self.stride(dim);
   with_element_type(self.element_size(), [&](auto element) {
     using T = decltype(element);
-    const auto* src = static_cast<const T*>(self.const_data_ptr());
-    T* dst = static_cast<T*>(out.mutable_data_ptr());
+    const auto* src = static_cast<const T*>(orKernelAddress(self.const_data_ptr()));
+    T* dst = static_cast<T*>(orKernelAddress(out.mutable_data_ptr()));
     for_each_position(index, self.strides(), out.strides(), dim, [&](int64_t i, int64_t s, int64_t o) {
       dst[o] = src[s + idx[i] * dim_stride];
     });
@@ -158,9 +159,9 @@ void gather_elements(const at::Tensor& self, int64_t dim, const at::Tensor& inde
 template <typename index_t, typename T, typename Value>
 void scatter_elements(const at::Tensor& out, int64_t dim, const at::Tensor& index, at::IntArrayRef value_strides,
                       Value&& value) {
-  const auto* idx = index.const_data_ptr<index_t>();
+  const auto* idx = static_cast<const index_t*>(orKernelAddress(index.const_data_ptr()));
   const int64_t dim_stride = out.stride(dim);
-  T* dst = static_cast<T*>(out.mutable_data_ptr());
+  T* dst = static_cast<T*>(orKernelAddress(out.mutable_data_ptr()));
   for_each_position(index, out.strides(), value_strides, dim, [&](int64_t i, int64_t o, int64_t v) {
     value(dst + o + idx[i] * dim_stride, v);
   });
@@ -170,13 +171,13 @@ void scatter_elements(const at::Tensor& out, int64_t dim, const at::Tensor& inde
 // overlap it).
 void copy_elements(const at::Tensor& self, const at::Tensor& out) {
   if (self.is_contiguous() && out.is_contiguous()) {
-    std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(), self.nbytes());
+    std::memcpy(orKernelAddress(out.mutable_data_ptr()), orKernelAddress(self.const_data_ptr()), self.nbytes());
     return;
   }
   with_element_type(self.element_size(), [&](auto element) {
     using T = decltype(element);
-    const auto* src = static_cast<const T*>(self.const_data_ptr());
-    T* dst = static_cast<T*>(out.mutable_data_ptr());
+    const auto* src = static_cast<const T*>(orKernelAddress(self.const_data_ptr()));
+    T* dst = static_cast<T*>(orKernelAddress(out.mutable_data_ptr()));
     // self's own shape as the "index": every position, none replaced.
     for_each_position(self, self.strides(), out.strides(), -1, [&](int64_t s, int64_t, int64_t o) {
       dst[o] = src[s];
@@ -214,12 +215,13 @@ void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bo
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   const bool here = moves_here(out, self, index, nullptr);
   static SeenDtypes seen;
-  launch_cpu_out_kernel("aten::gather.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+  launch_out_kernel<kDeviceTensors>("aten::gather.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
     const at::Tensor &o = t[0], &s = t[1], &i = t[2];
     if (here && indices_in_bounds(i, s.size(d))) {
       AT_DISPATCH_INDEX_TYPES(i.scalar_type(), "openreg_gather", [&] { gather_elements<index_t>(s, d, i, o); });
     } else {
-      at::cpu::gather_outf(s, dim, i, sparse_grad, t[0]);
+      auto c = cpu_tensors_of(t);
+      at::cpu::gather_outf(c[1], dim, c[2], sparse_grad, c[0]);
     }
   });
 }
@@ -236,16 +238,17 @@ void scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& inde
   }
   const bool here = moves_here(out, self, index, &src);
   static SeenDtypes seen;
-  launch_cpu_out_kernel(
+  launch_out_kernel<kDeviceTensors>(
       "aten::scatter.src_out", seen, {{&self, "self"}, {&index, "index"}, {&src, "src"}}, out, [=](auto& t) {
         const at::Tensor &o = t[0], &s = t[1], &i = t[2], &values = t[3];
         if (!here || !prepare_scatter(s, d, i, o)) {
-          at::cpu::scatter_outf(s, dim, i, values, t[0]);
+          auto c = cpu_tensors_of(t);
+          at::cpu::scatter_outf(c[1], dim, c[2], c[3], c[0]);
           return;
         }
         with_element_type(o.element_size(), [&](auto element) {
           using T = decltype(element);
-          const auto* from = static_cast<const T*>(values.const_data_ptr());
+          const auto* from = static_cast<const T*>(orKernelAddress(values.const_data_ptr()));
           AT_DISPATCH_INDEX_TYPES(i.scalar_type(), "openreg_scatter", [&] {
             scatter_elements<index_t, T>(o, d, i, values.strides(), [&](T* at, int64_t v) { *at = from[v]; });
           });
@@ -265,10 +268,11 @@ void scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
   }
   const bool here = moves_here(out, self, index, nullptr);
   static SeenDtypes seen;
-  launch_cpu_out_kernel("aten::scatter.value_out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+  launch_out_kernel<kDeviceTensors>("aten::scatter.value_out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
     const at::Tensor &o = t[0], &s = t[1], &i = t[2];
     if (!here || !prepare_scatter(s, d, i, o)) {
-      at::cpu::scatter_outf(s, dim, i, value, t[0]);
+      auto c = cpu_tensors_of(t);
+      at::cpu::scatter_outf(c[1], dim, c[2], value, c[0]);
       return;
     }
     AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kBool, at::kHalf, at::kBFloat16, o.scalar_type(), "openreg_scatter_value", [&] {
