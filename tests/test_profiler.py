@@ -128,6 +128,7 @@ def test_kernel_on_the_second_device_is_attributed_to_it():
 def test_kernels_on_different_streams_land_on_different_rows():
     d = torch.randn(8, 8, device="openreg")
     side = torch.openreg.Stream()
+    side.wait_stream(torch.openreg.current_stream())  # d was made on the default stream
 
     def run():
         torch.cumsum(d, 0)
