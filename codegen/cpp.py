@@ -19,7 +19,7 @@ ROUTES_HEADER = "aten/OpenRegRoutes.h"  # openreg::Route, RouteTable
 FALLBACK_HEADER = "aten/OpenRegFallback.h"  # the boxed fallbacks
 STRUCTURED_HEADER = "aten/OpenRegStructured.h"  # FunctionalOp/OutOp/InplaceOp, CpuImplOperands
 CPU_KERNEL_CALL_HEADER = "aten/OpenRegCpuKernelCall.h"  # openreg::CpuKernelCall
-CPU_ITERATOR_HEADER = "aten/native/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl
+CPU_ITERATOR_HEADER = "aten/native/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl, launch_structured_cpu_impl
 # The generated header that declares every kernel the yaml names.
 NATIVE_HEADER = "OpenRegNativeFunctions.h"
 
@@ -28,7 +28,6 @@ STRUCTURED_NAMESPACE = "::openreg::structured"
 CPU_KERNEL_CALL = "::openreg::CpuKernelCall"
 CPU_STUB_KERNEL = "CpuKernelOf"  # in cpp_namespace: CpuKernelOf<&stub>::run
 STRUCTURED_PREPARE = "prepare_structured_impl"  # in cpp_namespace
-CPU_ALIAS_OPERANDS = "::openreg::structured::CpuImplOperands"
 
 
 def route_value(route: Route) -> str:

@@ -14,6 +14,14 @@ import torch
 DEVICE = "openreg"
 BUSY_MS = 300
 
+# The suite also runs with OPENREG_LAUNCH_BLOCKING=1 (every launch waits for its
+# kernel, whose error raises at the call) and with OPENREG_QUEUE_ALL_KERNELS=1
+# (small kernels on an idle stream are queued too); the tests below check what
+# each mode promises.
+BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") == "1"
+SMALL_RUNS_AT_ONCE = BLOCKING or os.environ.get("OPENREG_QUEUE_ALL_KERNELS", "0") == "0"
+QUEUED = 0 if BLOCKING else 1  # what a launch that is not run at once adds to the queue
+
 
 def busy(ms=BUSY_MS):
     """Keeps the current stream busy for `ms` (torch.openreg._sleep)."""
@@ -35,21 +43,24 @@ def elapsed(fn):
     return result, (time.perf_counter() - start) * 1e3
 
 
+def assert_waited(launch_ms, sync_ms):
+    """The work queued before took BUSY_MS: synchronising waited for it, or, with
+    OPENREG_LAUNCH_BLOCKING=1, the launch did."""
+    waited, returned_at_once = (launch_ms, sync_ms) if BLOCKING else (sync_ms, launch_ms)
+    assert returned_at_once < BUSY_MS / 2, f"returned after {returned_at_once:.0f} ms (blocking: {BLOCKING})"
+    assert waited > BUSY_MS / 4, f"returned after {waited:.0f} ms, before the queued work ran (blocking: {BLOCKING})"
+
+
 def test_a_kernel_launch_returns_before_the_kernel_runs():
     x = torch.randn(64, 64, device=DEVICE)
     launched_before(lambda: x + 1)
     busy()
     y, launch_ms = elapsed(lambda: x + 1)
-    assert launch_ms < BUSY_MS / 2, f"the launch waited {launch_ms:.0f} ms for the stream"
-    assert torch.openreg.current_stream().query() is False
+    assert torch.openreg.current_stream().query() is BLOCKING
     _, sync_ms = elapsed(torch.openreg.synchronize)
-    assert sync_ms > BUSY_MS / 4, f"synchronize returned after {sync_ms:.0f} ms, before the queued work"
+    assert_waited(launch_ms, sync_ms)
     torch.testing.assert_close(y.cpu(), x.cpu() + 1, rtol=0, atol=0)
 
-
-# OPENREG_QUEUE_ALL_KERNELS=1 (CI runs the suite with it too) queues small
-# kernels on an idle stream as well.
-SMALL_RUNS_AT_ONCE = os.environ.get("OPENREG_QUEUE_ALL_KERNELS", "0") == "0"
 
 
 def queued(stream=None):
@@ -67,14 +78,26 @@ def test_a_small_kernel_on_an_idle_stream_runs_at_once_and_a_large_or_busy_one_i
     assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
     count = queued()
     z = large + 1  # 65536 elements: queued
-    assert queued() == count + 1
+    assert queued() == count + QUEUED
     busy(50)  # the sleep is queued too
     count = queued()
     w = small + 2  # behind queued work: queued
-    assert queued() == count + 1
+    assert queued() == count + QUEUED
     assert torch.equal(y.cpu(), torch.full((16,), 2.0))
     assert torch.equal(z.cpu(), torch.full((1 << 16,), 2.0))
     assert torch.equal(w.cpu(), torch.full((16,), 3.0))
+
+
+def launch_failing_kernel(fn):
+    """Launches fn, whose kernel fails. The error is the stream's, reported at
+    the next synchronising call; with OPENREG_LAUNCH_BLOCKING=1 it raises here,
+    as CPU's kernel raises it, and there is nothing left to report (False)."""
+    if BLOCKING:
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn()
+        return False
+    fn()
+    return True
 
 
 def test_a_small_kernel_run_at_once_reports_its_error_at_the_next_synchronising_call():
@@ -82,10 +105,11 @@ def test_a_small_kernel_run_at_once_reports_its_error_at_the_next_synchronising_
     zero = torch.zeros_like(a)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
     count = queued()
-    torch.div(a, zero, rounding_mode="floor")  # raises nothing here
+    deferred = launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor"))
     assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
-    with pytest.raises(torch.AcceleratorError, match="div_floor_stub: ZeroDivisionError"):
-        torch.openreg.synchronize()
+    if deferred:
+        with pytest.raises(torch.AcceleratorError, match="div_floor_stub: ZeroDivisionError"):
+            torch.openreg.synchronize()
     torch.openreg.synchronize()  # reported once
 
 
@@ -103,9 +127,44 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
         print("queued", queued() - count, y.cpu().tolist() == [2.0] * 16)
         """,
         OPENREG_QUEUE_ALL_KERNELS="1",
+        OPENREG_LAUNCH_BLOCKING="0",
     )
     assert result.returncode == 0, result.stderr
     assert "queued 1 True" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda x, i: torch.softmax(x, 1), id="structured_on_cpu_aliases"),
+        pytest.param(lambda x, i: torch.nn.functional.gelu(x), id="structured_on_cpu_aliases_iterator"),
+        pytest.param(lambda x, i: torch.cumsum(x, 1, out=x), id="structured_on_cpu_aliases_out_is_self"),
+        pytest.param(lambda x, i: x @ x, id="mm_blas"),
+        pytest.param(lambda x, i: x.to(torch.int64) @ x.to(torch.int64), id="mm_cpu_kernel"),
+        pytest.param(lambda x, i: x.view(64, 8, 8) @ x.view(64, 8, 8), id="bmm"),
+        pytest.param(lambda x, i: x.gather(1, i), id="gather"),
+        pytest.param(lambda x, i: x.scatter(1, i, 2.0), id="scatter"),
+        pytest.param(lambda x, i: x.index_select(0, i[0]), id="index_select"),
+        pytest.param(lambda x, i: x.max(1), id="max_dim"),
+    ],
+)
+def test_every_launching_route_queues_behind_queued_work(fn):
+    # Each route launches its kernel: behind a busy stream the call returns
+    # at once, the kernel runs in stream order and computes what CPU does.
+    x = torch.randn(64, 64).round()
+    i = torch.randint(0, 64, (64, 64))
+    expected = fn(x.clone(), i)
+    dx, di = x.to(DEVICE), i.to(DEVICE)
+    launched_before(lambda: fn(dx.clone(), di))
+    dx = dx.clone()
+    torch.openreg.synchronize()
+    busy()
+    count = queued()
+    out, launch_ms = elapsed(lambda: fn(dx, di))
+    assert (queued() > count) is not BLOCKING
+    _, sync_ms = elapsed(torch.openreg.synchronize)
+    assert_waited(launch_ms, sync_ms)
+    torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), tuple(out) if isinstance(out, tuple) else out), expected)
 
 
 def test_kernels_run_in_stream_order():
@@ -136,9 +195,9 @@ def test_what_needs_the_result_waits_for_it(sync):
     x = torch.arange(8, dtype=torch.float32, device=DEVICE)
     launched_before(lambda: x + 1)
     busy()
-    y = x + 1
-    result, ms = elapsed(lambda: sync(y))
-    assert ms > BUSY_MS / 4, f"returned after {ms:.0f} ms, before the queued work ran"
+    y, launch_ms = elapsed(lambda: x + 1)
+    _, sync_ms = elapsed(lambda: sync(y))
+    assert_waited(launch_ms, sync_ms)
     assert torch.equal(y.cpu(), torch.arange(8, dtype=torch.float32) + 1)
 
 
@@ -146,12 +205,12 @@ def test_event_synchronize_waits_for_the_kernels_before_the_record():
     x = torch.randn(16, device=DEVICE)
     launched_before(x.exp)
     busy()
-    y = x.exp()
+    y, launch_ms = elapsed(x.exp)
     event = torch.openreg.Event()
     event.record()
-    assert event.query() is False
-    _, ms = elapsed(event.synchronize)
-    assert ms > BUSY_MS / 4
+    assert event.query() is BLOCKING
+    _, sync_ms = elapsed(event.synchronize)
+    assert_waited(launch_ms, sync_ms)
     assert event.query() is True
     torch.testing.assert_close(y.cpu(), x.cpu().exp(), rtol=0, atol=0)
 
@@ -193,9 +252,13 @@ def test_a_kernel_error_surfaces_at_the_next_synchronising_call_and_the_device_s
     a = torch.tensor([5, 6], device=DEVICE)
     zero = torch.zeros(2, dtype=torch.long, device=DEVICE)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
-    b = torch.div(a, zero, rounding_mode="floor")  # CPU's kernel raises ZeroDivisionError, on the worker
-    with pytest.raises(torch.AcceleratorError, match=r"(?s)div_floor_stub: ZeroDivisionError.*OPENREG_LAUNCH_BLOCKING=1"):
-        b.cpu()
+    # CPU's kernel raises ZeroDivisionError, on the worker.
+    out = []
+    if launch_failing_kernel(lambda: out.append(torch.div(a, zero, rounding_mode="floor"))):
+        with pytest.raises(
+            torch.AcceleratorError, match=r"(?s)div_floor_stub: ZeroDivisionError.*OPENREG_LAUNCH_BLOCKING=1"
+        ):
+            out[0].cpu()
     # Reported once; later work runs.
     assert torch.equal((a + 1).cpu(), torch.tensor([6, 7]))
     torch.openreg.synchronize()
@@ -212,10 +275,10 @@ def test_a_kernel_error_surfaces_at_the_next_synchronising_call_and_the_device_s
 def test_each_synchronising_call_reports_a_kernel_error(sync):
     a = torch.tensor([1], device=DEVICE)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
-    torch.div(a, torch.zeros_like(a), rounding_mode="floor")
-    time.sleep(0.2)  # the kernel has run: query() reports rather than "not ready"
-    with pytest.raises(torch.AcceleratorError, match="ZeroDivisionError"):
-        sync()
+    if launch_failing_kernel(lambda: torch.div(a, torch.zeros_like(a), rounding_mode="floor")):
+        time.sleep(0.2)  # the kernel has run: query() reports rather than "not ready"
+        with pytest.raises(torch.AcceleratorError, match="ZeroDivisionError"):
+            sync()
     sync()  # reported once
 
 

@@ -294,8 +294,12 @@ class TestModuleInfoOnDevice(conformance.CpuOracle, TestCase):
         sample = error_input.module_error_input
         expected, expected_error = outcome(
             lambda: forward(*prepared(module_info, sample, "cpu", training=False)))
-        actual, actual_error = outcome(
-            lambda: forward(*prepared(module_info, sample, self.device_type, training=False)))
+        def on_device():
+            result = forward(*prepared(module_info, sample, self.device_type, training=False))
+            torch.openreg.synchronize()  # where a kernel's error is reported
+            return result
+
+        actual, actual_error = outcome(on_device)
         return self.compare(expected, expected_error, actual, actual_error)
 
     def samples(self, module_info, training):

@@ -409,12 +409,13 @@ def test_scatter_is_cpus_bit_for_bit(dtype, index_dtype):
 def test_scatter_value_converts_like_cpu():
     x = torch.zeros(3, 4, dtype=torch.int8)
     index = torch.tensor([[0, 1], [2, 3]])
-    raises_like_cpu(lambda t, i: t.scatter(1, i, 300), x, index)
+    raises_in_kernel_like_cpu(lambda t, i: t.scatter(1, i, 300), x, index)
     # out= holds self's values when the conversion fails, as CPU copies them first.
     outs = {"cpu": torch.full((3, 4), 9, dtype=torch.int8), DEV: torch.full((3, 4), 9, dtype=torch.int8, device=DEV)}
     for dev, out in outs.items():
         with pytest.raises(RuntimeError, match="out of range|overflow"):
             torch.scatter((x + 1).to(dev), 1, index.to(dev), 300, out=out)
+            torch.openreg.synchronize()
     assert torch.equal(outs[DEV].cpu(), outs["cpu"])
     same_as_cpu(lambda t, i: t.scatter(1, i, 2.7), x, index)
     same_as_cpu(lambda t, i: t.bool().scatter(1, i, 2.7), x, index)
@@ -428,14 +429,28 @@ def raises_like_cpu(fn, *args):
     assert str(error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
 
 
+def raises_in_kernel_like_cpu(fn, *args):
+    """raises_like_cpu for an error CPU's kernel raises from the data (an index
+    out of bounds, a value that overflows): on openreg, as on CUDA, the kernel
+    reports it at the next synchronising call, as torch.AcceleratorError with
+    CPU's message, or the call raises CPU's exception itself (a first launch,
+    OPENREG_LAUNCH_BLOCKING=1)."""
+    with pytest.raises(Exception) as cpu_error:
+        fn(*args)
+    with pytest.raises((type(cpu_error.value), torch.AcceleratorError)) as error:
+        fn(*(on(a) for a in args))
+        torch.openreg.synchronize()
+    assert str(cpu_error.value).splitlines()[0] in str(error.value)
+
+
 def test_gather_and_scatter_errors_are_cpus():
     x = torch.randn(4, 5)
     # Several bad indices: the error names the one CPU finds first.
     bad = torch.tensor([[0, 9, 1], [-1, 2, 7], [0, 0, 0]])
     for dim in (0, 1):
-        raises_like_cpu(lambda t, i: torch.gather(t, dim, i), x, bad)
-        raises_like_cpu(lambda t, i: torch.scatter(t, dim, i, 1.0), x, bad)
-        raises_like_cpu(lambda t, i, s: torch.scatter(t, dim, i, s), x, bad, torch.ones(3, 3))
+        raises_in_kernel_like_cpu(lambda t, i: torch.gather(t, dim, i), x, bad)
+        raises_in_kernel_like_cpu(lambda t, i: torch.scatter(t, dim, i, 1.0), x, bad)
+        raises_in_kernel_like_cpu(lambda t, i, s: torch.scatter(t, dim, i, s), x, bad, torch.ones(3, 3))
     raises_like_cpu(lambda t, i: torch.gather(t, 1, i), x, torch.zeros(2, 2))  # float index
     raises_like_cpu(lambda t, i: torch.gather(t, 1, i), x, torch.zeros(2, 2, 2, dtype=torch.long))
     raises_like_cpu(lambda t, i, s: torch.scatter(t, 1, i, s), x, torch.zeros(2, 2, dtype=torch.long),
@@ -447,6 +462,7 @@ def test_gather_and_scatter_errors_are_cpus():
     for t, i in ((y, on(bad)), (expected, bad)):
         with pytest.raises(RuntimeError, match="out of bounds"):
             t.scatter_(1, i, 5.0)
+            torch.openreg.synchronize()
     assert torch.equal(y.cpu(), expected)
     assert torch.equal(torch.gather(y, 1, on(bad.clamp(0, 4))).cpu(), torch.gather(expected, 1, bad.clamp(0, 4)))
 

@@ -15,8 +15,9 @@ computes them, as the entry's Route says:
   `prepare_structured_impl(op)` hands an iterator kernel addresses, for CPU
   impls that call their CPU kernel directly instead of through a stub;
 - structured_impl: an openreg function with impl()'s parameters;
-- structured_on_cpu_aliases: CPU's impl() on CPU aliases of the tensors, for
-  impls that call their CPU kernel with kCPU or a stub that takes tensors.
+- structured_on_cpu_aliases: CPU's impl() launched as a kernel, on CPU tensors
+  at the operands' kernel addresses, for impls that call their CPU kernel with
+  kCPU or a stub that takes tensors.
 
 Argument lists come from torchgen (`structured.meta_arguments`,
 `structured.impl_arguments`, `translate`), so precomputed arguments and
@@ -111,15 +112,7 @@ def wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
     impl_args = structured.impl_arguments(g)
     impl_exprs = [e.expr for e in translate(context, impl_args, method=False)]
     if entry.route is Route.structured_on_cpu_aliases:
-        # An impl that also runs the iterator meta() built (gelu's ATen
-        # kernel) finds it on kernel addresses.
-        tensors = [i for i, a in enumerate(impl_args) if a.nctype.type == ConstRefCType(BaseCType(tensorT))]
-        body.append(f"::{namespace}::{cpp.STRUCTURED_PREPARE}(op);")
-        body.append(f"{cpp.CPU_ALIAS_OPERANDS}<{len(tensors)}> aliases({impl_exprs[tensors[-1]]});")
-        for i in tensors:
-            impl_exprs[i] = f"aliases({impl_exprs[i]})"
-        body.append(f"op.impl({', '.join(impl_exprs)});")
-        body.append(f'aliases.check_kept("aten::{f.func.name}");')
+        body += cpu_impl_launch(entry, f, impl_args, impl_exprs, namespace)
     elif entry.route is Route.structured_impl:
         body.append(f"::{namespace}::{entry.impl}({', '.join(impl_exprs)});")
     else:
@@ -140,6 +133,37 @@ def wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
     body.append(f"return {ret};")
     lines = "\n".join("  " + line for line in "\n".join(body).splitlines())
     return f"// {f.func}\n{sig.defn(name=cpp.wrapper_name(f.func.name))} {{\n{lines}\n}}\n\n"
+
+
+def cpu_impl_launch(
+    entry: StructuredEntry, f: NativeFunction, impl_args: list[Binding], impl_exprs: list[str], namespace: str
+) -> list[str]:
+    """structured_on_cpu_aliases: CPU's impl() launched as a kernel
+    (launch_structured_cpu_impl, native/CpuIterator.h). Its tensor arguments
+    become the kernel's CPU tensors `t[i]`; every other argument is captured
+    by value (kernel_argument), as the kernel runs after the wrapper returns."""
+    tensors: list[str] = []
+    captures: list[str] = []
+    args: list[str] = []
+    for a, expr in zip(impl_args, impl_exprs):
+        if a.nctype.type == ConstRefCType(BaseCType(tensorT)):
+            args.append(f"t[{len(tensors)}]")
+            # An in-place wrapper's output is a reference_wrapper.
+            tensors.append(f"&{expr}" if "outputs_" not in expr else f"&static_cast<const at::Tensor&>({expr})")
+        else:
+            # The loader admits no other tensor type under on_cpu_aliases.
+            assert "Tensor" not in a.nctype.type.cpp_type(), (f.func.name, a.name)
+            captures.append(f"a{len(captures)} = ::openreg::kernel_argument({expr})")
+            args.append(f"a{len(captures) - 1}")
+    # An impl that also runs the iterator meta() built (gelu's ATen kernel)
+    # finds it on kernel addresses.
+    return [
+        f"::{namespace}::{cpp.STRUCTURED_PREPARE}(op);",
+        "static ::openreg::SeenDtypes seen;",
+        f"::{namespace}::launch_structured_cpu_impl<{entry.parent_class}, {len(tensors)}>(",
+        f'    op, "aten::{f.func.name}", seen, {{{", ".join(tensors)}}},',
+        f"    [{', '.join(captures)}](auto& impl, const auto& t) {{ impl.impl({', '.join(args)}); }});",
+    ]
 
 
 def shard(cfg: BackendConfig, entries: list[StructuredEntry]) -> str:

@@ -193,16 +193,7 @@ void CpuKernelCall::note(const std::optional<at::Generator>& generator, const ch
 }
 
 void CpuKernelCall::begin() {
-  // As CUDA's check_generator: a CPU generator cannot drive openreg tensors.
-  TORCH_CHECK(
-      !device_.has_value() || !other_generator_, "Expected a 'openreg' device type for generator but found 'cpu' (",
-      op_name(), "): pass torch.Generator(device=\"openreg\"), or no generator.");
-  TORCH_CHECK(
-      device_.has_value() || !openreg_generator_, op_name(),
-      " got an openreg generator but runs on the CPU: pass a CPU generator, or put the tensors on openreg.");
-  if (cpu_argument_ != nullptr && device_ && !accepts_cpu_tensors_) {
-    raise_two_devices(op_name(), *device_, cpu_argument_, c10::Device(c10::DeviceType::CPU), cpu_argument_);
-  }
+  check();
   if (!device_) {
     return; // CPU tensors only (a fallback reached through a CPU generator or storage)
   }
@@ -215,6 +206,19 @@ void CpuKernelCall::begin() {
   }
   previous_redirect_ = redirect_cpu_allocations(device_->index());
   redirecting_ = true;
+}
+
+void CpuKernelCall::check() const {
+  // As CUDA's check_generator: a CPU generator cannot drive openreg tensors.
+  TORCH_CHECK(
+      !device_.has_value() || !other_generator_, "Expected a 'openreg' device type for generator but found 'cpu' (",
+      op_name(), "): pass torch.Generator(device=\"openreg\"), or no generator.");
+  TORCH_CHECK(
+      device_.has_value() || !openreg_generator_, op_name(),
+      " got an openreg generator but runs on the CPU: pass a CPU generator, or put the tensors on openreg.");
+  if (cpu_argument_ != nullptr && device_ && !accepts_cpu_tensors_) {
+    raise_two_devices(op_name(), *device_, cpu_argument_, c10::Device(c10::DeviceType::CPU), cpu_argument_);
+  }
 }
 
 const at::Tensor& CpuKernelCall::alias(const at::Tensor& t) {

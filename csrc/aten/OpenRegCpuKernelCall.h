@@ -30,6 +30,8 @@
 //      device memory adopted as it is.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <initializer_list>
 #include <list>
 #include <optional>
@@ -46,6 +48,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "OpenRegCpuAlias.h"
+#include "OpenRegLaunch.h"
 
 namespace openreg {
 
@@ -114,6 +117,9 @@ class CpuKernelCall {
 
   // Step 2.
   void begin();
+  // begin()'s checks of the noted arguments alone, for a kernel launched
+  // rather than run here (launch_out_kernel).
+  void check() const;
 
   // Step 3: the CPU kernel's arguments. alias()'s references and lists stay
   // valid until the CpuKernelCall ends.
@@ -208,10 +214,11 @@ class CpuKernelCall {
   Operands operands_;
 };
 
-// CPU's out= kernel on CPU aliases, for what an openreg kernel leaves to it:
-// `kernel(out_alias, call)` gets the alias of `out` and reaches the aliases of
-// `inputs` through call.alias(). The inputs are checked as CpuKernelCall checks them
-// (named in errors as given).
+// CPU's out= kernel in the calling thread, on CPU aliases, after the current
+// stream's work: for an `out` the kernel may resize, or an error CPU raises
+// from the operands' layout that must raise at the call. `kernel(out_alias,
+// call)` gets the alias of `out` and reaches the aliases of `inputs` through
+// call.alias(); the inputs are checked as CpuKernelCall checks them.
 template <typename Kernel>
 void run_cpu_out_kernel(
     const char* op,
@@ -227,6 +234,33 @@ void run_cpu_out_kernel(
   at::Tensor out_alias = call.written(out);
   kernel(out_alias, call);
   call.finish();
+}
+
+// An out= kernel launched on the current stream (launch_operands_kernel), for
+// what an openreg kernel leaves to CPU's: kernel(t) runs with t the tensors
+// of out and `inputs`, in that order, and anything else it needs captured by
+// value. The inputs are checked first as CpuKernelCall checks them (named in
+// errors as given): a 0-dim CPU operand is taken, as CUDA takes one, and
+// copied for the kernel. With kDeviceTensors, cpu_tensors_of(t) gives CPU
+// tensors for CPU's kernel on a slower path.
+template <bool kCpu, size_t N, typename Kernel>
+void launch_out_kernel(
+    const char* op,
+    SeenDtypes& seen,
+    const std::pair<const at::Tensor*, const char*> (&inputs)[N],
+    const at::Tensor& out,
+    Kernel&& kernel) {
+  CpuKernelCall call(op);
+  std::array<const at::TensorBase*, N + 1> tensors{&out};
+  int64_t work = out.numel();
+  for (size_t i = 0; i < N; ++i) {
+    call.note(*inputs[i].first, inputs[i].second);
+    tensors[i + 1] = inputs[i].first;
+    work = std::max<int64_t>(work, inputs[i].first->numel());
+  }
+  call.note(out, "out", /*written=*/true);
+  call.check();
+  launch_operands_kernel<kCpu>(out.device().index(), op, work, seen, tensors, std::forward<Kernel>(kernel));
 }
 
 } // namespace openreg

@@ -45,10 +45,13 @@ at::Tensor kernel_view(const KernelTensorMeta& meta) {
   if (!meta.defined) {
     return {};
   }
+  return kernel_view(meta, unowned_storage(meta.nbytes, meta.data, meta.device));
+}
+
+at::Tensor kernel_view(const KernelTensorMeta& meta, const c10::Storage& storage) {
   // Over CPU memory: an operand's CPU alias, at kernel addresses.
   const c10::DispatchKey key = meta.device.is_cpu() ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1;
-  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-      unowned_storage(meta.nbytes, meta.data, meta.device), c10::DispatchKeySet(key), meta.dtype);
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), meta.dtype);
   view.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes, meta.strides, meta.offset);
   view._set_conj(meta.conj);
   view._set_neg(meta.neg);
@@ -59,12 +62,18 @@ at::Tensor kernel_view(const at::TensorBase& t) {
   return kernel_view(kernel_tensor_meta(t));
 }
 
-at::Tensor kernel_cpu_view(const at::TensorBase& t) {
-  TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
+KernelTensorMeta kernel_cpu_tensor_meta(const at::TensorBase& t) {
   KernelTensorMeta meta = kernel_tensor_meta(t);
-  meta.data = orKernelAddress(meta.data);
-  meta.device = c10::Device(c10::kCPU);
-  return kernel_view(meta);
+  if (meta.defined) {
+    TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
+    meta.data = orKernelAddress(meta.data);
+    meta.device = c10::Device(c10::kCPU);
+  }
+  return meta;
+}
+
+at::Tensor kernel_cpu_view(const at::TensorBase& t) {
+  return kernel_view(kernel_cpu_tensor_meta(t));
 }
 
 int detail::read_launch_switches() {

@@ -14,18 +14,26 @@
 // kernel runs it at once (orLaunchKernel).
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/TensorBase.h>
+#include <c10/core/Scalar.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/OptionalArrayRef.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegStream.h"
 #include "aten/OpenRegTrace.h"
@@ -61,6 +69,11 @@ struct KernelTensorMeta {
 };
 KernelTensorMeta kernel_tensor_meta(const at::TensorBase& t);
 at::Tensor kernel_view(const KernelTensorMeta& meta);
+// kernel_view of `meta` over `storage`, another view's storage of the same
+// memory (so that the two share it, as tensors of one storage do).
+at::Tensor kernel_view(const KernelTensorMeta& meta, const c10::Storage& storage);
+// kernel_tensor_meta of openreg tensor t, for a CPU view at kernel addresses.
+KernelTensorMeta kernel_cpu_tensor_meta(const at::TensorBase& t);
 
 // What a queued kernel keeps of one argument of its launch: a kernel_view of
 // an openreg tensor, a copy of a CPU tensor (host memory is not stream
@@ -81,6 +94,32 @@ auto kernel_argument(T&& value) {
         "an ArrayRef borrows the caller's memory: copy it into a vector before the launch");
     return std::decay_t<T>(std::forward<T>(value));
   }
+}
+// Arguments that borrow the caller's memory are kept as owned values that
+// convert back to the argument's type where the kernel passes them on.
+inline std::vector<int64_t> kernel_argument(at::IntArrayRef value) {
+  return value.vec();
+}
+inline std::string kernel_argument(c10::string_view value) {
+  return std::string(value);
+}
+struct KernelOptionalIntArray {
+  std::optional<std::vector<int64_t>> value;
+  operator at::OptionalIntArrayRef() const {
+    return value ? at::OptionalIntArrayRef(*value) : at::OptionalIntArrayRef();
+  }
+};
+inline KernelOptionalIntArray kernel_argument(at::OptionalIntArrayRef value) {
+  return {value ? std::optional<std::vector<int64_t>>(value->vec()) : std::nullopt};
+}
+struct KernelOptionalScalar {
+  std::optional<at::Scalar> value;
+  operator at::OptionalScalarRef() const {
+    return value ? at::OptionalScalarRef(*value) : at::OptionalScalarRef();
+  }
+};
+inline KernelOptionalScalar kernel_argument(at::OptionalScalarRef value) {
+  return {value ? std::optional<at::Scalar>(value.get()) : std::nullopt};
 }
 
 namespace detail {
@@ -126,6 +165,8 @@ template <typename Body>
 struct QueuedKernel {
   Body body;
   int threads;
+  // While the profiler observes: what it records of the kernel's run.
+  std::unique_ptr<trace::QueuedKernel> profiled;
 
   static void* operator new(size_t bytes) {
     return allocate_kernel(bytes);
@@ -140,6 +181,17 @@ struct QueuedKernel {
       at::set_num_threads(kernel.threads);
     }
     const RunningKernel running;
+    if (C10_UNLIKELY(kernel.profiled != nullptr)) {
+      kernel.profiled->start_ns = orActivityGetTimestamp();
+      struct Ran {
+        trace::QueuedKernel& kernel;
+        ~Ran() {
+          trace::queued_kernel_ran(kernel);
+        }
+      } ran{*kernel.profiled};
+      run_body(kernel.body);
+      return;
+    }
     run_body(kernel.body);
   }
 
@@ -233,12 +285,16 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
     run_kernel_inline(device, make());
     return;
   }
-  if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
-    trace::stream_joined(device);
-  }
   using Kernel = detail::QueuedKernel<decltype(make())>;
-  auto* kernel = new Kernel{make(), at::get_num_threads()};
-  OPENREG_CHECK(orLaunchKernel(current_raw_stream(device), &Kernel::run, kernel, &Kernel::release, name));
+  auto* kernel = new Kernel{make(), at::get_num_threads(), nullptr};
+  orStream_t stream = current_raw_stream(device);
+  if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
+    // The profiler records the kernel when it runs, not the launching call.
+    uint64_t id = 0;
+    OPENREG_CHECK(orStreamGetId(stream, &id));
+    kernel->profiled = std::make_unique<trace::QueuedKernel>(trace::queued_kernel(device, id));
+  }
+  OPENREG_CHECK(orLaunchKernel(stream, &Kernel::run, kernel, &Kernel::release, name));
 }
 
 // Queues body() on the current stream of `device`, or runs it at once if
@@ -249,6 +305,259 @@ void launch_kernel(c10::DeviceIndex device, const char* name, int64_t work, F&& 
     return;
   }
   launch_kernel_made(device, name, [&]() -> std::decay_t<F> { return std::forward<F>(body); });
+}
+
+// Combinations of operand dtypes a kernel has run with once: CPU's kernels
+// choose their loop by dtype (AT_DISPATCH) inside the kernel, where CUDA's
+// choose on the host before launching, so "not implemented for 'UInt16'" must
+// come from the call. The first launch of each combination runs at once in
+// the launching thread, raising what CPU raises; later ones are queued.
+// Lock-free open addressing over 1024 slots (the suite filled 64 for add); a
+// full table queues everything.
+class SeenDtypes {
+ public:
+  bool contains(uint64_t key) const {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      const uint64_t value = slots_[slot].load(std::memory_order_acquire);
+      if (value == key + 1) {
+        return true;
+      }
+      if (value == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+  void insert(uint64_t key) {
+    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
+      uint64_t expected = 0;
+      if (slots_[slot].compare_exchange_strong(expected, key + 1) || expected == key + 1) {
+        return;
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kSlots = 1024;
+  static size_t start(uint64_t key) {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 54); // Fibonacci hashing: top 10 bits
+  }
+  std::array<std::atomic<uint64_t>, kSlots> slots_{};
+};
+
+// The dtypes of `tensors`, packed, for SeenDtypes (0xff for an undefined one).
+template <size_t N>
+uint64_t dtype_key(const std::array<const at::TensorBase*, N>& tensors) {
+  static_assert(N < 8, "dtype_key packs at most 7 operands");
+  uint64_t key = N;
+  for (size_t i = 0; i < N; ++i) {
+    const uint8_t dtype = tensors[i]->defined() ? static_cast<uint8_t>(tensors[i]->scalar_type()) : 0xff;
+    key |= static_cast<uint64_t>(dtype) << (8 * (i + 1));
+  }
+  return key;
+}
+
+// The tensor operands of a queued kernel. The launch captures each tensor's
+// metadata (a CPU tensor is copied, kernel_tensor_argument); the kernel makes
+// views of them (kernel_view), one per distinct tensor and one storage per
+// device storage, so that a tensor passed twice (an in-place call's self and
+// output) is one tensor there and operands that share memory share a
+// storage. With kCpu, the views are CPU tensors at kernel addresses, for CPU
+// code; otherwise openreg tensors, whose memory the kernel reads at
+// orKernelAddress.
+template <size_t N, bool kCpu>
+class KernelOperands {
+ public:
+  explicit KernelOperands(const std::array<const at::TensorBase*, N>& tensors) {
+    for (size_t i = 0; i < N; ++i) {
+      const at::TensorBase& t = *tensors[i];
+      first_[i] = i;
+      storage_of_[i] = i;
+      for (size_t j = 0; j < i && t.defined(); ++j) {
+        const at::TensorBase& other = *tensors[j];
+        if (other.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          first_[i] = j;
+          break;
+        }
+        if (other.defined() && storage_of_[i] == i && other.device() == t.device() &&
+            other.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl()) {
+          storage_of_[i] = j;
+        }
+      }
+      if (first_[i] != i) {
+        continue;
+      }
+      if (t.defined() && !t.device().is_privateuseone()) {
+        cpu_[i] = kernel_tensor_argument(t);
+        storage_of_[i] = i;
+      } else {
+        metas_[i] = kCpu ? kernel_cpu_tensor_meta(t) : kernel_tensor_meta(t);
+      }
+    }
+  }
+
+  // The operands, in the kernel.
+  std::array<at::Tensor, N> tensors() const {
+    std::array<at::Tensor, N> out;
+    for (size_t i = 0; i < N; ++i) {
+      if (first_[i] != i) {
+        out[i] = out[first_[i]];
+      } else if (cpu_[i].defined()) {
+        out[i] = cpu_[i];
+      } else if (storage_of_[i] != i) {
+        out[i] = kernel_view(metas_[i], out[storage_of_[i]].storage());
+      } else {
+        out[i] = kernel_view(metas_[i]);
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::array<KernelTensorMeta, N> metas_;
+  std::array<at::Tensor, N> cpu_;
+  std::array<size_t, N> first_{}; // the first operand that is the same tensor
+  std::array<size_t, N> storage_of_{}; // the first operand on the same storage
+};
+
+namespace detail {
+// Runs body(tensors) and checks that CPU code did not replace a tensor
+// (through a const_cast) or move its memory: its result would then be where
+// the device tensor never sees it.
+template <size_t N, typename Body>
+void run_on_tensors(const char* name, std::array<at::Tensor, N>& tensors, Body& body) {
+  std::array<const c10::TensorImpl*, N> made{};
+  std::array<const void*, N> memory{};
+  for (size_t i = 0; i < N; ++i) {
+    made[i] = tensors[i].unsafeGetTensorImpl();
+    memory[i] = tensors[i].defined() ? tensors[i].storage().data() : nullptr;
+  }
+  body(tensors);
+  for (size_t i = 0; i < N; ++i) {
+    TORCH_CHECK(
+        tensors[i].unsafeGetTensorImpl() == made[i] && (memory[i] == nullptr || tensors[i].storage().data() == memory[i]),
+        name, ": the CPU code replaced or moved operand ", i, ", so its result cannot reach the openreg tensor. "
+        "This is an openreg bug: bind the operator under cpu_kernels instead.");
+  }
+}
+
+// body(tensors) in the calling thread, in the current stream's order: with
+// kCpu the openreg operands as recycled CPU aliases (CpuAliases), cheaper to
+// make than kernel views; otherwise the operands themselves. Both borrowed:
+// the array changes no reference count.
+template <bool kCpu, size_t N, typename Body>
+void run_here(const char* name, const std::array<const at::TensorBase*, N>& operands, Body& body) {
+  using Borrow = c10::MaybeOwnedTraits<at::Tensor>;
+  std::optional<CpuAliases<N>> aliases;
+  if constexpr (kCpu) {
+    aliases.emplace();
+  }
+  struct Borrowed {
+    std::array<at::Tensor, N> tensors;
+    std::array<const c10::TensorImpl*, N> lent{};
+    ~Borrowed() {
+      for (size_t i = 0; i < N; ++i) {
+        if (tensors[i].unsafeGetTensorImpl() == lent[i]) {
+          Borrow::destroyBorrow(tensors[i]); // otherwise replaced by one the array owns
+        }
+      }
+    }
+  } borrowed;
+  for (size_t i = 0; i < N; ++i) {
+    // Every operand is an at::Tensor (the launches take their addresses).
+    const auto& t = static_cast<const at::Tensor&>(*operands[i]);
+    borrowed.tensors[i] =
+        Borrow::createBorrow(kCpu && t.defined() && t.device().is_privateuseone() ? aliases->get(t).first->alias : t);
+    borrowed.lent[i] = borrowed.tensors[i].unsafeGetTensorImpl();
+  }
+  if constexpr (kCpu) {
+    run_on_tensors(name, borrowed.tensors, body);
+  } else {
+    body(borrowed.tensors); // openreg's own code, which keeps its operands
+  }
+}
+
+// How every launch of the kernels here decides where its kernel runs:
+// here() at once inside a kernel; here() in the calling thread on the first
+// launch of `key`'s combination of operand dtypes in `seen` (so CPU's dtype
+// errors raise at the call) and with OPENREG_LAUNCH_BLOCKING=1; here() as a
+// small kernel on an idle stream; otherwise the kernel make() returns,
+// queued.
+template <typename Here, typename Make>
+void run_or_launch(
+    c10::DeviceIndex device, const char* name, int64_t work, SeenDtypes& seen, uint64_t key, Here& here, Make&& make) {
+  if (inside_kernel()) {
+    here();
+    return;
+  }
+  if (!seen.contains(key) || launch_blocking()) {
+    run_kernel_inline(device, here);
+    seen.insert(key);
+    return;
+  }
+  if (run_small_kernel_if_idle(device, name, work, here)) {
+    return;
+  }
+  launch_kernel_made(device, name, std::forward<Make>(make));
+}
+
+template <bool kCpu, size_t N, typename Body>
+struct OperandsKernel {
+  KernelOperands<N, kCpu> operands;
+  Body body;
+  const char* name;
+  void operator()() {
+    std::array<at::Tensor, N> tensors = operands.tensors();
+    if constexpr (kCpu) {
+      run_on_tensors(name, tensors, body);
+    } else {
+      body(tensors);
+    }
+  }
+};
+
+} // namespace detail
+
+// How a kernel of launch_operands_kernel gets its tensor operands.
+inline constexpr bool kCpuTensors = true; // CPU tensors at kernel addresses, for CPU code
+inline constexpr bool kDeviceTensors = false; // openreg tensors, for openreg's own code
+
+// Launches body(tensors) on the current stream of `device`: code over
+// `tensors`, which body gets as CPU tensors at kernel addresses (kCpu, for
+// CPU functions), or as openreg tensors whose memory it reads at
+// orKernelAddress (openreg's own loops); what else body needs it captures by
+// value (kernel_argument). Queued, the operands are views the kernel makes
+// (KernelOperands); run at once, the caller's own tensors or recycled CPU
+// aliases, borrowed. `work` (elements) decides whether it is small
+// (run_small_kernel_if_idle). As for an iterator's kernel
+// (launch_iterator_kernel), the first launch of each combination of operand
+// dtypes in `seen` runs in the calling thread, so CPU's dtype errors raise at
+// the call; so does every launch with OPENREG_LAUNCH_BLOCKING=1.
+template <bool kCpu, size_t N, typename Body>
+void launch_operands_kernel(
+    c10::DeviceIndex device,
+    const char* name,
+    int64_t work,
+    SeenDtypes& seen,
+    const std::array<const at::TensorBase*, N>& tensors,
+    Body&& body) {
+  auto here = [&] { detail::run_here<kCpu>(name, tensors, body); };
+  using Kernel = detail::OperandsKernel<kCpu, N, std::decay_t<Body>>;
+  detail::run_or_launch(device, name, work, seen, dtype_key(tensors), here, [&]() -> Kernel {
+    return Kernel{KernelOperands<N, kCpu>(tensors), std::forward<Body>(body), name};
+  });
+}
+
+// In a kernel of launch_operands_kernel<kDeviceTensors>: CPU tensors at the kernel addresses of
+// its operands (one per distinct tensor, as KernelOperands makes them), for
+// CPU code on a slower path.
+template <size_t N>
+std::array<at::Tensor, N> cpu_tensors_of(const std::array<at::Tensor, N>& tensors) {
+  std::array<const at::TensorBase*, N> operands;
+  for (size_t i = 0; i < N; ++i) {
+    operands[i] = &tensors[i];
+  }
+  return KernelOperands<N, /*kCpu=*/true>(operands).tensors();
 }
 
 } // namespace openreg

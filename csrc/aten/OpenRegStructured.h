@@ -1,8 +1,7 @@
 // The structured glue: the classes the wrappers in the generated
 // RegisterStructured_*.cpp (codegen/emit/structured.py) run meta() and impl()
-// on, what they do when meta() asks for an output (set_output_strided /
-// set_output_raw_strided), and the operands of a CPU impl() run on CPU
-// aliases (CpuImplOperands). torchgen writes
+// on, and what they do when meta() asks for an output (set_output_strided /
+// set_output_raw_strided). torchgen writes
 // the same helpers into every RegisterDispatchKey.cpp it generates
 // (gen_registration_helpers: create_out, resize_out, check_inplace,
 // maybe_create_proxy); here they are written once, and the generated units do
@@ -139,50 +138,5 @@ template <class Parent, size_t N, bool kParentSetsOutput>
 using OutOp = GivenOutputsOp<Parent, N, /*kInplace=*/false, kParentSetsOutput>;
 template <class Parent, bool kParentSetsOutput>
 using InplaceOp = GivenOutputsOp<Parent, 1, /*kInplace=*/true, kParentSetsOutput>;
-
-// The operands of a structured group declared `on_cpu_aliases: true`: CPU's
-// impl() runs on CPU aliases of its tensor arguments, because it calls its
-// CPU kernel with kCPU (softmax_cpu_out) or a stub that takes tensors
-// (cumsum_stub), which prepare_structured_impl (native/CpuIterator.h) cannot
-// reach. Anything the impl computes with runs on CPU tensors, so the result is
-// CPU's. The aliases are CpuAliases': the impl sees the overlap a CPU call
-// would, and a tensor passed twice (an in-place call's self and output) gets
-// one alias, so `self.is_same(out)` holds as on CPU. The generated wrapper
-// checks first that every tensor is on one openreg device; `N` is its number
-// of tensor arguments.
-template <size_t N>
-class CpuImplOperands {
- public:
-  explicit CpuImplOperands(const at::TensorBase& any) {
-    join_current_stream(any.device().index());
-  }
-
-  // After impl(): every alias must still be the tensor handed out, over the
-  // operand's memory. An impl that assigned another tensor to its output
-  // (through a const_cast) or resized it would leave its result in memory the
-  // device tensor never sees; that raises rather than return a wrong result.
-  void check_kept(const char* op) const {
-    aliases_.for_each([&](const auto& e) {
-      TORCH_CHECK(
-          e.alias.unsafeGetTensorImpl() == e.made &&
-              e.made->storage().unsafeGetStorageImpl()->data_ptr().get() ==
-                  orKernelAddress(e.device_storage->data_ptr().get()),
-          op, ": CPU's impl() replaced or resized the CPU alias of an operand, so its result cannot reach the "
-          "openreg tensor. This is an openreg bug: bind the operator under cpu_kernels instead of on_cpu_aliases.");
-    });
-  }
-
-  // The alias of a device tensor; an undefined tensor as it is.
-  const at::Tensor& operator()(const at::Tensor& t) {
-    if (!t.defined()) {
-      return t;
-    }
-    TORCH_INTERNAL_ASSERT(t.device().is_privateuseone());
-    return aliases_.get(t).first->alias;
-  }
-
- private:
-  CpuAliases<N> aliases_;
-};
 
 } // namespace openreg::structured

@@ -60,6 +60,32 @@ void set_profiler_hook(ProfilerHook hook) {
   profiler_hook.store(hook);
 }
 
+namespace {
+std::atomic<QueuedKernelHook> queued_kernel_hook{nullptr};
+} // namespace
+
+void set_queued_kernel_hook(QueuedKernelHook hook) {
+  queued_kernel_hook.store(hook);
+}
+
+QueuedKernel queued_kernel(int device, uint64_t stream) noexcept {
+  QueuedKernel kernel;
+  if (profiled_call != nullptr) {
+    kernel.call = *profiled_call;
+  }
+  kernel.device = device;
+  kernel.stream = stream;
+  kernel.correlation_id = orActivityGetExternalCorrelationId();
+  return kernel;
+}
+
+void queued_kernel_ran(QueuedKernel& kernel) noexcept {
+  kernel.end_ns = orActivityGetTimestamp();
+  if (QueuedKernelHook hook = queued_kernel_hook.load()) {
+    hook(kernel);
+  }
+}
+
 void stream_joined(int device) noexcept {
   Call* call = profiled_call;
   if (call != nullptr && call->device_start_ns == 0) {

@@ -65,6 +65,26 @@ struct Site {
   const char* kernel;
 };
 
+// A kernel launched onto a stream while the profiler observes: the outermost
+// call that launched it (its device and device_start_ns unused), where it was
+// queued, and when it ran there. The launch fills what it knows
+// (queued_kernel); the kernel's run, start_ns and end_ns.
+struct QueuedKernel {
+  Call call;
+  int device = -1;
+  uint64_t stream = 0; // orStreamGetId
+  uint64_t correlation_id = 0; // the launching thread's (orActivityGetExternalCorrelationId)
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+using QueuedKernelHook = void (*)(const QueuedKernel& kernel);
+void set_queued_kernel_hook(QueuedKernelHook hook);
+// At a launch while kProfile is observed: what the profiler will need of the
+// kernel being queued on `stream` of `device`.
+QueuedKernel queued_kernel(int device, uint64_t stream) noexcept;
+// In the kernel's thread, once it ran (or failed).
+void queued_kernel_ran(QueuedKernel& kernel) noexcept;
+
 // Called by join_current_stream, while kProfile is observed, once earlier
 // work on `device`'s current stream is done and the caller is about to touch
 // the device's memory: marks the start of the outermost open call's device

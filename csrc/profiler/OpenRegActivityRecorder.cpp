@@ -35,10 +35,12 @@ void keep(Activity&& activity) {
   }
 }
 
-// trace::ProfilerHook. A kernel is the device work of the outermost call on a
-// thread: from the moment it joined its device's stream (the trace marks
-// that, trace::stream_joined) to the end of the call. Nested calls are part
-// of it; a call that never touched device memory is no kernel.
+// trace::ProfilerHook. A kernel run in the calling thread (a small one on an
+// idle stream, a route that runs CPU code in place) is the device work of
+// the outermost call on the thread: from the moment it joined its device's
+// stream (the trace marks that, trace::stream_joined) to the end of the call.
+// Nested calls are part of it; a call that only queued kernels, or never
+// touched device memory, is no kernel here (queued kernels: on_queued_kernel).
 void on_call(trace::Call& call, bool begin) noexcept {
   if (begin || call.device_start_ns == 0) {
     return;
@@ -59,6 +61,26 @@ void on_call(trace::Call& call, bool begin) noexcept {
   } catch (...) {
     // A hook must not throw out of a scope's destructor; a kernel whose
     // stream cannot be resolved is not recorded.
+  }
+}
+
+// trace::QueuedKernelHook: a kernel a profiled call queued, as it ran on its
+// stream (in the stream's thread).
+void on_queued_kernel(const trace::QueuedKernel& kernel) noexcept {
+  try {
+    Activity a;
+    a.kind = Activity::Kind::Kernel;
+    a.start_ns = kernel.start_ns;
+    a.end_ns = kernel.end_ns;
+    const bool named = kernel.call.op != nullptr || kernel.call.op_name != nullptr;
+    a.name = named ? trace::call_name(kernel.call) : "openreg kernel";
+    a.route = route_name(kernel.call.route);
+    a.device = kernel.device;
+    a.stream = kernel.stream;
+    a.correlation_id = kernel.correlation_id;
+    keep(std::move(a));
+  } catch (...) {
+    // Not recorded (out of memory): the kernel itself ran.
   }
 }
 
@@ -104,6 +126,7 @@ void start_recording(bool kernels, bool copies) {
   }
   if (kernels) {
     trace::set_profiler_hook(&on_call);
+    trace::set_queued_kernel_hook(&on_queued_kernel);
     trace::set_observer(trace::kProfile, true);
   }
   if (copies) {

@@ -32,7 +32,7 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegCpuKernelCall.h"
-#include "aten/OpenRegStream.h"
+#include "aten/OpenRegLaunch.h"
 #include "runtime/OpenRegRuntime.h"
 
 extern "C" {
@@ -53,8 +53,7 @@ struct Gemm {
   bool transpose_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
-  const at::Tensor* a = nullptr;
-  const at::Tensor* b = nullptr;
+  bool swap = false; // a is m2 and b is m1
 };
 
 // How BLAS reads a `rows`×`cols` matrix with strides (row_stride,
@@ -102,8 +101,7 @@ std::optional<Gemm> plan(const at::Tensor& out, const at::Tensor& m1, const at::
   g.lda = a.stride(*ta == swap ? 1 : 0);
   g.ldb = b.stride(*tb == swap ? 1 : 0);
   g.ldc = strides[swap ? 0 : 1];
-  g.a = &a;
-  g.b = &b;
+  g.swap = swap;
   // Leading dimensions of degenerate matrices, as cpublas normalizes them.
   if (g.n == 1) {
     g.ldc = g.m;
@@ -139,21 +137,23 @@ void copy_matrix(const at::Tensor& src, const at::Tensor& dst) {
   }
 }
 
-// The BLAS call, after copying `bias` (if any) into out.
+// The BLAS call, after copying `bias` (if defined) into out.
 template <class T, class F>
-void run(const Gemm& g, F blas, const at::Tensor* bias, const at::Tensor& out, const at::Scalar& alpha_,
-         const at::Scalar& beta_) {
-  if (bias != nullptr) {
-    copy_matrix<T>(*bias, out);
+void run(const Gemm& g, F blas, const at::Tensor& bias, const at::Tensor& out, const at::Tensor& m1,
+         const at::Tensor& m2, const at::Scalar& alpha_, const at::Scalar& beta_) {
+  if (bias.defined()) {
+    copy_matrix<T>(bias, out);
   }
+  const at::Tensor& a = g.swap ? m2 : m1;
+  const at::Tensor& b = g.swap ? m1 : m2;
   const char transa = g.transpose_a ? 't' : 'n';
   const char transb = g.transpose_b ? 't' : 'n';
   const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
   const int lda = static_cast<int>(g.lda), ldb = static_cast<int>(g.ldb), ldc = static_cast<int>(g.ldc);
   const T alpha = alpha_.to<T>();
   const T beta = beta_.to<T>();
-  blas(&transa, &transb, &m, &n, &k, &alpha, static_cast<const T*>(orKernelAddress(g.a->const_data_ptr())), &lda,
-       static_cast<const T*>(orKernelAddress(g.b->const_data_ptr())), &ldb, &beta,
+  blas(&transa, &transb, &m, &n, &k, &alpha, static_cast<const T*>(orKernelAddress(a.const_data_ptr())), &lda,
+       static_cast<const T*>(orKernelAddress(b.const_data_ptr())), &ldb, &beta,
        static_cast<T*>(orKernelAddress(out.mutable_data_ptr())), &ldc);
 }
 
@@ -199,13 +199,18 @@ bool blas_addmm(
   if (add && !small) {
     out.copy_(self);
   }
-  join_current_stream(out.device().index());
-  const at::Tensor* bias = add && small ? &self : nullptr;
-  if (out.scalar_type() == at::kFloat) {
-    run<float>(*g, sgemm_, bias, out, alpha, beta);
-  } else {
-    run<double>(*g, dgemm_, bias, out, alpha, beta);
-  }
+  static SeenDtypes seen;
+  const at::Tensor no_bias;
+  launch_operands_kernel<kDeviceTensors>(
+      out.device().index(), "openreg::native::blas_addmm", std::max({out.numel(), m1.numel(), m2.numel()}), seen,
+      std::array<const at::TensorBase*, 4>{&out, &m1, &m2, add && small ? &self : &no_bias},
+      [g = *g, alpha, beta](const std::array<at::Tensor, 4>& t) {
+        if (t[0].scalar_type() == at::kFloat) {
+          run<float>(g, sgemm_, t[3], t[0], t[1], t[2], alpha, beta);
+        } else {
+          run<double>(g, dgemm_, t[3], t[0], t[1], t[2], alpha, beta);
+        }
+      });
   return true;
 }
 
@@ -269,13 +274,23 @@ bool small_batched_product(
       m1.size(2) * m1.size(1) * m2.size(2) >= kSmallBatchedProduct) {
     return false;
   }
-  bool done = false;
-  AT_DISPATCH_ALL_TYPES_AND_COMPLEX(dtype, "openreg_small_batched", [&] {
-    join_current_stream(out.device().index());
-    small_batched<scalar_t, bmm>(out, m1, m2, beta, alpha);
-    done = true;
-  });
-  return done;
+  switch (dtype) { // AT_DISPATCH_ALL_TYPES_AND_COMPLEX's
+    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
+    case at::kFloat: case at::kDouble: case at::kComplexFloat: case at::kComplexDouble:
+      break;
+    default:
+      return false;
+  }
+  static SeenDtypes seen;
+  launch_operands_kernel<kDeviceTensors>(
+      out.device().index(), "openreg::native::small_batched_product", std::max({out.numel(), m1.numel(), m2.numel()}),
+      seen, std::array<const at::TensorBase*, 3>{&out, &m1, &m2},
+      [beta, alpha](const std::array<at::Tensor, 3>& t) {
+        AT_DISPATCH_ALL_TYPES_AND_COMPLEX(t[0].scalar_type(), "openreg_small_batched", [&] {
+          small_batched<scalar_t, bmm>(t[0], t[1], t[2], beta, alpha);
+        });
+      });
+  return true;
 }
 
 // CPU's baddbmm impl without its meta(): at::cpu::baddbmm_out would run meta()
@@ -297,8 +312,9 @@ void mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& ou
   if (blas_addmm(out, out, self, mat2, 0, 1)) {
     return;
   }
-  run_cpu_out_kernel("aten::mm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
-    at::cpu::mm_out(out_alias, call.alias(self), call.alias(mat2));
+  static SeenDtypes seen;
+  launch_out_kernel<kCpuTensors>("aten::mm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
+    at::cpu::mm_out(t[0], t[1], t[2]);
   });
 }
 
@@ -316,9 +332,10 @@ void addmm_out(
   if (blas_addmm(out, *bias, mat1, mat2, beta, alpha)) {
     return;
   }
-  run_cpu_out_kernel(
-      "aten::addmm", {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
-        at::cpu::addmm_out(out_alias, call.alias(self), call.alias(mat1), call.alias(mat2), beta, alpha);
+  static SeenDtypes seen;
+  launch_out_kernel<kCpuTensors>(
+      "aten::addmm", seen, {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [beta, alpha](auto& t) {
+        at::cpu::addmm_out(t[0], t[1], t[2], t[3], beta, alpha);
       });
 }
 
@@ -326,8 +343,9 @@ void bmm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& o
   if (out.numel() == 0 || small_batched_product<true>(out, self, mat2, 0, 1)) {
     return;
   }
-  run_cpu_out_kernel("aten::bmm", {{&self, "self"}, {&mat2, "mat2"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
-    at::cpu::bmm_out(out_alias, call.alias(self), call.alias(mat2));
+  static SeenDtypes seen;
+  launch_out_kernel<kCpuTensors>("aten::bmm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
+    at::cpu::bmm_out(t[0], t[1], t[2]);
   });
 }
 
@@ -342,11 +360,10 @@ void baddbmm_out(
   if (out.numel() == 0 || small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
     return;
   }
-  run_cpu_out_kernel(
-      "aten::baddbmm", {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out,
-      [&](at::Tensor& out_alias, CpuKernelCall& call) {
-        BaddbmmImpl().impl(call.alias(self), call.alias(batch1), call.alias(batch2), beta, alpha, out_alias);
-      });
+  static SeenDtypes seen;
+  launch_out_kernel<kCpuTensors>(
+      "aten::baddbmm", seen, {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out,
+      [beta, alpha](auto& t) { BaddbmmImpl().impl(t[1], t[2], t[3], beta, alpha, t[0]); });
 }
 
 } // namespace openreg::native

@@ -17,6 +17,7 @@
 // CpuKernelOf launches the kernel on the current stream.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -163,44 +164,6 @@ struct CpuKernelOf;
 // The operand dtypes of `iter`, packed (what a CPU kernel dispatches on).
 uint64_t dtype_key(const at::TensorIteratorBase& iter);
 
-// Combinations of operand dtypes a kernel has run with once: CPU's kernels
-// choose their loop by dtype (AT_DISPATCH) inside the kernel, where CUDA's
-// choose on the host before launching, so "not implemented for 'UInt16'" must
-// come from the call. The first launch of each combination runs at once in
-// the launching thread, raising what CPU raises; later ones are queued.
-// Lock-free open addressing over 1024 slots (the suite filled 64 for add); a
-// full table queues everything.
-class SeenDtypes {
- public:
-  bool contains(uint64_t key) const {
-    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
-      const uint64_t value = slots_[slot].load(std::memory_order_acquire);
-      if (value == key + 1) {
-        return true;
-      }
-      if (value == 0) {
-        return false;
-      }
-    }
-    return true;
-  }
-  void insert(uint64_t key) {
-    for (size_t i = 0, slot = start(key); i < kSlots; ++i, slot = (slot + 1) % kSlots) {
-      uint64_t expected = 0;
-      if (slots_[slot].compare_exchange_strong(expected, key + 1) || expected == key + 1) {
-        return;
-      }
-    }
-  }
-
- private:
-  static constexpr size_t kSlots = 1024;
-  static size_t start(uint64_t key) {
-    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 54); // Fibonacci hashing: top 10 bits
-  }
-  std::array<std::atomic<uint64_t>, kSlots> slots_{};
-};
-
 template <typename Body>
 struct IteratorKernel {
   KernelIterator copy;
@@ -218,21 +181,10 @@ struct IteratorKernel {
 // (run_kernel_inline), and so does every launch when OPENREG_LAUNCH_BLOCKING=1.
 template <typename Iter, typename Body>
 void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body) {
-  if (inside_kernel()) {
-    body(iter);
-    return;
-  }
-  const uint64_t key = dtype_key(iter);
-  if (!seen.contains(key) || launch_blocking()) {
-    run_kernel_inline(iter.device().index(), [&] { body(iter); });
-    seen.insert(key);
-    return;
-  }
-  auto run = [&] { body(iter); };
-  if (run_small_kernel_if_idle(iter.device().index(), name, iter.numel(), run)) {
-    return;
-  }
-  launch_kernel_made(iter.device().index(), name, [&] { return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body}; });
+  auto here = [&] { body(iter); };
+  detail::run_or_launch(iter.device().index(), name, iter.numel(), seen, dtype_key(iter), here, [&] {
+    return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body};
+  });
 }
 
 template <auto* stub, typename Iter, typename... Args>
@@ -244,5 +196,74 @@ struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
         [... values = kernel_argument(args)](auto& it) mutable { run_cpu_stub(*stub, it, values...); });
   }
 };
+
+// CPU's impl() of a structured group (the `structured_on_cpu_aliases` route),
+// launched as a kernel after meta() ran in the calling thread: in the kernel,
+// impl() runs on an object of CPU's class made there, without meta()'s
+// outputs (impl() takes them as arguments), its tensor arguments CPU tensors
+// at kernel addresses (launch_operands_kernel). An iterator class's impl() runs on
+// a copy of the iterator meta() built (KernelIterator, after
+// prepare_structured_impl pointed it at kernel addresses): gelu's calls its
+// CPU kernel with *this.
+template <class Parent>
+struct CpuImpl final : Parent {
+  const at::Tensor& maybe_get_output(int64_t /*output_idx*/) override {
+    TORCH_INTERNAL_ASSERT(false, "CPU's impl() asked for an output; openreg runs it without meta()");
+  }
+};
+template <class Parent>
+struct CpuIteratorImpl final : Parent {
+  explicit CpuIteratorImpl(const at::TensorIteratorBase& iter) {
+    static_cast<at::TensorIteratorBase&>(*this) = iter;
+  }
+  const at::Tensor& maybe_get_output(int64_t output_idx) override {
+    return this->tensor(output_idx);
+  }
+};
+
+// Launches body(impl, tensors), impl a CpuImpl (or CpuIteratorImpl) of
+// `Parent` and tensors the CPU tensors of `tensors`, impl()'s tensor
+// arguments in order; op is the object meta() ran on. The work is the
+// largest operand's size.
+template <class Parent, size_t N, typename Body>
+struct IteratorImplKernel {
+  KernelIterator iter;
+  KernelOperands<N, /*kCpu=*/true> operands;
+  Body body;
+  const char* name;
+  void operator()() {
+    std::array<at::Tensor, N> tensors = operands.tensors();
+    iter.run([&](at::TensorIterator& it) {
+      CpuIteratorImpl<Parent> impl(it);
+      auto with_impl = [&](std::array<at::Tensor, N>& t) { body(impl, t); };
+      detail::run_on_tensors(name, tensors, with_impl);
+    });
+  }
+};
+
+template <class Parent, size_t N, typename Op, typename Body>
+void launch_structured_cpu_impl(
+    Op& op, const char* name, SeenDtypes& seen, const std::array<const at::TensorBase*, N>& tensors, Body&& body) {
+  int64_t work = 0;
+  for (const at::TensorBase* t : tensors) {
+    work = std::max<int64_t>(work, t->defined() ? t->numel() : 0);
+  }
+  const c10::DeviceIndex device = tensors[N - 1]->device().index(); // an output
+  if constexpr (std::is_base_of_v<at::TensorIteratorBase, Parent>) {
+    // At once, impl() runs on `op` itself, whose iterator meta() built.
+    auto on_op = [&](std::array<at::Tensor, N>& t) { body(op, t); };
+    auto here = [&] { detail::run_here<true>(name, tensors, on_op); };
+    using Kernel = IteratorImplKernel<Parent, N, std::decay_t<Body>>;
+    detail::run_or_launch(device, name, work, seen, ::openreg::dtype_key(tensors), here, [&]() -> Kernel {
+      return Kernel{KernelIterator(op), KernelOperands<N, true>(tensors), std::forward<Body>(body), name};
+    });
+  } else {
+    launch_operands_kernel<kCpuTensors>(
+        device, name, work, seen, tensors, [body = std::forward<Body>(body)](std::array<at::Tensor, N>& cpu) {
+          CpuImpl<Parent> impl;
+          body(impl, cpu);
+        });
+  }
+}
 
 } // namespace openreg::native

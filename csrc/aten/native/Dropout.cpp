@@ -49,15 +49,18 @@ at::Tensor masked_scale(const at::Tensor& x, const at::Tensor& mask, double scal
                   .check_all_same_dtype(false)
                   .declare_static_dtype(x.scalar_type())
                   .build();
-  // No promotion: the loop reads the bool mask as bool. The loop runs here,
-  // after the stream's work.
-  join_current_stream(x.device().index());
-  use_kernel_addresses(iter);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "openreg::native_dropout", [&] {
-    const auto s = static_cast<scalar_t>(scale);
-    at::native::cpu_kernel(iter, [s](scalar_t v, bool m) -> scalar_t { return v * (m ? s : scalar_t(0)); });
+  // No promotion: the loop reads the bool mask as bool. The launch takes the
+  // iterator's operands (KernelIterator): the output is kept first.
+  at::Tensor result = iter.output();
+  static SeenDtypes seen;
+  launch_iterator_kernel(iter, seen, "openreg::native::masked_scale", [scale](at::TensorIteratorBase& it) {
+    use_kernel_addresses(it);
+    AT_DISPATCH_FLOATING_TYPES(it.dtype(0), "openreg::native_dropout", [&] {
+      const auto s = static_cast<scalar_t>(scale);
+      at::native::cpu_kernel(it, [s](scalar_t v, bool m) -> scalar_t { return v * (m ? s : scalar_t(0)); });
+    });
   });
-  return iter.output();
+  return result;
 }
 
 } // namespace

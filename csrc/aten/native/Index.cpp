@@ -100,7 +100,6 @@ void copy_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, c
   const int64_t size = self.size(dim);
   const int64_t outer = c10::multiply_integers(self.sizes().slice(0, dim));
   const size_t block = c10::multiply_integers(self.sizes().slice(dim + 1)) * self.element_size();
-  join_current_stream(self.device().index());
   const char* src = static_cast<const char*>(orKernelAddress(self.const_data_ptr()));
   char* dst = static_cast<char*>(orKernelAddress(out.mutable_data_ptr()));
   AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_index_select", [&] {
@@ -117,7 +116,26 @@ void copy_blocks(const at::Tensor& self, int64_t dim, const at::Tensor& index, c
   });
 }
 
-at::Tensor& index_select_on_cpu_alias(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+// index_select into an `out` of the result's shape, launched: by blocks
+// (copies_blocks), or by CPU's kernel.
+at::Tensor& launch_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+  const int64_t d = at::maybe_wrap_dim(dim, self.dim());
+  const bool blocks = copies_blocks(self, d, index, out);
+  static SeenDtypes seen;
+  launch_out_kernel<kDeviceTensors>("aten::index_select.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+    if (blocks) {
+      copy_blocks(t[1], d, t[2], t[0]);
+    } else {
+      auto c = cpu_tensors_of(t);
+      at::cpu::index_select_out(c[0], c[1], dim, c[2]);
+    }
+  });
+  return out;
+}
+
+// CPU's kernel in the calling thread, for an `out` it may resize (a 0-dim
+// self, an out= of another shape) or the error it raises.
+at::Tensor& index_select_resizing(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
   run_cpu_out_kernel(
       "aten::index_select.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
         at::cpu::index_select_out(out_alias, call.alias(self), dim, call.alias(index));
@@ -130,7 +148,7 @@ at::Tensor& index_select_on_cpu_alias(const at::Tensor& self, int64_t dim, const
 at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   if (self.dim() == 0 || index.dim() > 1) {
     at::Tensor out = at::empty({0}, self.options());
-    return index_select_on_cpu_alias(self, dim, index, out); // CPU's kernel: a scalar, or its error
+    return index_select_resizing(self, dim, index, out); // CPU's kernel: a scalar, or its error
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   std::vector<int64_t> sizes = self.sizes().vec();
@@ -138,11 +156,7 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
   // On self's device (the wrapper's guard), with openreg's own empty kernel
   // rather than through the dispatcher.
   at::Tensor out = empty_memory_format(sizes, self.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
-  if (copies_blocks(self, d, index, out)) {
-    copy_blocks(self, d, index, out);
-    return out;
-  }
-  return index_select_on_cpu_alias(self, dim, index, out);
+  return launch_index_select(self, dim, index, out);
 }
 
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
@@ -150,13 +164,12 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
     const int64_t d = at::maybe_wrap_dim(dim, self.dim());
     const bool shaped = out.dim() == self.dim() && out.size(d) == index.numel() &&
         out.sizes().slice(0, d) == self.sizes().slice(0, d) && out.sizes().slice(d + 1) == self.sizes().slice(d + 1);
-    if (shaped && copies_blocks(self, d, index, out) && !out.storage().is_alias_of(self.storage()) &&
-        !out.storage().is_alias_of(index.storage())) {
-      copy_blocks(self, d, index, out);
-      return out;
+    if (shaped && !out.storage().is_alias_of(self.storage()) && !out.storage().is_alias_of(index.storage()) &&
+        out.scalar_type() == self.scalar_type()) {
+      return launch_index_select(self, dim, index, out);
     }
   }
-  return index_select_on_cpu_alias(self, dim, index, out);
+  return index_select_resizing(self, dim, index, out);
 }
 
 } // namespace openreg::native

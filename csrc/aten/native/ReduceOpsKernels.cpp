@@ -7,26 +7,26 @@
 #include <ATen/ops/sum.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegCpuAlias.h"
-#include "aten/OpenRegStream.h"
+#include "aten/OpenRegLaunch.h"
 
 namespace openreg::native {
 
 // max.dim's structured impl calls max_stub with tensors rather than an
-// iterator; torch's CPU kernel builds its own iterator over CPU aliases of
-// the device tensors. The operands all have the same dtype, so no promotion
-// is needed.
+// iterator; torch's CPU kernel, launched, builds its own iterator over CPU
+// tensors at the device tensors' kernel addresses. The operands all have the
+// same dtype, so no promotion is needed.
 void max_kernel(
     const at::Tensor& values,
     const at::Tensor& indices,
     const at::Tensor& self,
     int64_t dim,
     bool keepdim) {
-  join_current_stream(self.device().index());
-  ScopedCpuAlias values_alias(values);
-  ScopedCpuAlias indices_alias(indices);
-  ScopedCpuAlias self_alias(self);
-  at::native::max_stub(c10::DeviceType::CPU, values_alias.get(), indices_alias.get(), self_alias.get(), dim, keepdim);
+  static SeenDtypes seen;
+  launch_operands_kernel<kCpuTensors>(
+      self.device().index(), "at::native::max_stub", self.numel(), seen,
+      std::array<const at::TensorBase*, 3>{&values, &indices, &self}, [dim, keepdim](auto& t) {
+        at::native::max_stub(c10::DeviceType::CPU, t[0], t[1], t[2], dim, keepdim);
+      });
 }
 
 // sum's impl() (`structured: impl: sum_out`): CPU's (ReduceOps.cpp,

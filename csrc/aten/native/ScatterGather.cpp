@@ -7,16 +7,17 @@
 // at::internal::GRAIN_SIZE, so CPU's kernel runs serially) these copy the
 // elements on kernel addresses instead, without the iterator: a gather or a
 // scatter only moves elements, so the result is CPU's bit for bit as long as
-// writes to one position keep CPU's order. Within a slice along `dim` CPU
+// writes to one position keep CPU's order. Both run as a kernel launched on
+// the stream (launch_out_kernel), which decides on the indices. Within a slice along `dim` CPU
 // writes in increasing position along `dim`, and slices never share a
 // position; the loop here walks `index` in row-major order, which keeps that
 // order. Every index is checked before anything is written; if one is out of
 // bounds, CPU's kernel runs so that its error names the index CPU finds first.
 //
-// Every other case runs CPU's own kernel on CPU aliases (CpuKernelCall): larger
+// Every other case runs CPU's own kernel in that kernel (an out= that partly
+// overlaps `self` in the calling thread, where CPU's overlap error raises): larger
 // operands (CPU's kernel parallelizes), dtypes CPU's kernel may not support
-// (its error then), 0-dim operands, an out= that partly overlaps `self`, or
-// operands on other devices (CpuKernelCall raises as for CUDA).
+// (its error then), 0-dim operands, or operands on other devices (CpuKernelCall raises as for CUDA).
 #include <cstring>
 
 #include <ATen/MemoryOverlap.h>
@@ -29,7 +30,6 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegCpuKernelCall.h"
-#include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg::native {
@@ -56,19 +56,15 @@ bool kernel_dtype(at::ScalarType t) {
   }
 }
 
-// Whether the elements can be moved here: small, on `out`'s device, and of
-// `self`'s dimensionality (at least one dimension). When they can, the kernel
-// is ordered after the current stream's work.
+// Whether the elements can be moved here (if their indices are in bounds,
+// which the kernel checks): small, on `out`'s device, and of `self`'s
+// dimensionality (at least one dimension).
 bool moves_here(const at::Tensor& out, const at::Tensor& self, const at::Tensor& index, const at::Tensor* src) {
   const c10::Device device = out.device();
   const auto small = [](const at::Tensor& t) { return t.numel() < at::internal::GRAIN_SIZE; };
-  const bool here = self.dim() > 0 && index.dim() == self.dim() && kernel_dtype(self.scalar_type()) && small(index) &&
+  return self.dim() > 0 && index.dim() == self.dim() && kernel_dtype(self.scalar_type()) && small(index) &&
       small(out) && self.device() == device && index.device() == device &&
       (src == nullptr || (src->device() == device && src->dim() == self.dim()));
-  if (here) {
-    join_current_stream(device.index());
-  }
-  return here;
 }
 
 // Calls f(i, s, o) for each position of `index`, in row-major order of its
@@ -189,18 +185,22 @@ void copy_elements(const at::Tensor& self, const at::Tensor& out) {
   });
 }
 
-// Whether a scatter moves its elements here; if so, `out` holds `self`'s
-// values afterwards, as CPU's impl copies them before its kernel runs. Not
-// when out= shares memory with self without being it (CPU's copy_ decides).
-bool scatter_moves_here(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src,
-                        const at::Tensor& out) {
-  const bool same = self.is_same(out);
-  if (!moves_here(out, self, index, src) ||
-      (!same && at::get_overlap_status(self, out) != at::MemOverlapStatus::No) ||
-      !indices_in_bounds(index, out.size(dim))) {
+// Whether out= shares memory with self without being it: CPU's impl copies
+// self into out with copy_, whose overlap checks decide, in the calling thread
+// (run_cpu_out_kernel).
+bool overlaps_self(const at::Tensor& self, const at::Tensor& out) {
+  return !self.is_same(out) && at::get_overlap_status(self, out) != at::MemOverlapStatus::No;
+}
+
+// In a kernel: whether the scatter's indices are in bounds, and if so `out`
+// holds `self`'s values afterwards, as CPU's impl copies them before its
+// kernel runs (then the elements move here; otherwise CPU's kernel runs and
+// raises its error).
+bool prepare_scatter(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& out) {
+  if (!indices_in_bounds(index, out.size(dim))) {
     return false;
   }
-  if (!same) {
+  if (!self.is_same(out)) {
     copy_elements(self, out);
   }
   return true;
@@ -213,54 +213,75 @@ void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bo
     return;
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  if (moves_here(out, self, index, nullptr) && indices_in_bounds(index, self.size(d))) {
-    AT_DISPATCH_INDEX_TYPES(
-        index.scalar_type(), "openreg_gather", [&] { gather_elements<index_t>(self, d, index, out); });
-    return;
-  }
-  run_cpu_out_kernel(
-      "aten::gather.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
-        at::cpu::gather_outf(call.alias(self), dim, call.alias(index), sparse_grad, out_alias);
-      });
+  const bool here = moves_here(out, self, index, nullptr);
+  static SeenDtypes seen;
+  launch_out_kernel<kDeviceTensors>("aten::gather.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+    const at::Tensor &o = t[0], &s = t[1], &i = t[2];
+    if (here && indices_in_bounds(i, s.size(d))) {
+      AT_DISPATCH_INDEX_TYPES(i.scalar_type(), "openreg_gather", [&] { gather_elements<index_t>(s, d, i, o); });
+    } else {
+      auto c = cpu_tensors_of(t);
+      at::cpu::gather_outf(c[1], dim, c[2], sparse_grad, c[0]);
+    }
+  });
 }
 
 void scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                      const at::Tensor& out) {
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  if (scatter_moves_here(self, d, index, &src, out)) {
-    with_element_type(out.element_size(), [&](auto element) {
-      using T = decltype(element);
-      const auto* values = static_cast<const T*>(orKernelAddress(src.const_data_ptr()));
-      AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_scatter", [&] {
-        scatter_elements<index_t, T>(out, d, index, src.strides(), [&](T* at, int64_t v) { *at = values[v]; });
-      });
-    });
+  if (overlaps_self(self, out)) {
+    run_cpu_out_kernel("aten::scatter.src_out", {{&self, "self"}, {&index, "index"}, {&src, "src"}}, out,
+                       [&](at::Tensor& out_alias, CpuKernelCall& call) {
+                         at::cpu::scatter_outf(call.alias(self), dim, call.alias(index), call.alias(src), out_alias);
+                       });
     return;
   }
-  run_cpu_out_kernel("aten::scatter.src_out", {{&self, "self"}, {&index, "index"}, {&src, "src"}}, out,
-                     [&](at::Tensor& out_alias, CpuKernelCall& call) {
-                       at::cpu::scatter_outf(call.alias(self), dim, call.alias(index), call.alias(src), out_alias);
-                     });
+  const bool here = moves_here(out, self, index, &src);
+  static SeenDtypes seen;
+  launch_out_kernel<kDeviceTensors>(
+      "aten::scatter.src_out", seen, {{&self, "self"}, {&index, "index"}, {&src, "src"}}, out, [=](auto& t) {
+        const at::Tensor &o = t[0], &s = t[1], &i = t[2], &values = t[3];
+        if (!here || !prepare_scatter(s, d, i, o)) {
+          auto c = cpu_tensors_of(t);
+          at::cpu::scatter_outf(c[1], dim, c[2], c[3], c[0]);
+          return;
+        }
+        with_element_type(o.element_size(), [&](auto element) {
+          using T = decltype(element);
+          const auto* from = static_cast<const T*>(orKernelAddress(values.const_data_ptr()));
+          AT_DISPATCH_INDEX_TYPES(i.scalar_type(), "openreg_scatter", [&] {
+            scatter_elements<index_t, T>(o, d, i, values.strides(), [&](T* at, int64_t v) { *at = from[v]; });
+          });
+        });
+      });
 }
 
 void scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value,
                        const at::Tensor& out) {
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  if (scatter_moves_here(self, d, index, nullptr, out)) {
-    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(
-        at::kBool, at::kHalf, at::kBFloat16, out.scalar_type(), "openreg_scatter_value", [&] {
-          const scalar_t v = value.to<scalar_t>(); // CPU's conversion and its overflow error
-          AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "openreg_scatter_value", [&] {
-            scatter_elements<index_t, scalar_t>(
-                out, d, index, index.strides(), [&](scalar_t* at, int64_t) { *at = v; });
-          });
-        });
+  if (overlaps_self(self, out)) {
+    run_cpu_out_kernel("aten::scatter.value_out", {{&self, "self"}, {&index, "index"}}, out,
+                       [&](at::Tensor& out_alias, CpuKernelCall& call) {
+                         at::cpu::scatter_outf(call.alias(self), dim, call.alias(index), value, out_alias);
+                       });
     return;
   }
-  run_cpu_out_kernel("aten::scatter.value_out", {{&self, "self"}, {&index, "index"}}, out,
-                     [&](at::Tensor& out_alias, CpuKernelCall& call) {
-                       at::cpu::scatter_outf(call.alias(self), dim, call.alias(index), value, out_alias);
-                     });
+  const bool here = moves_here(out, self, index, nullptr);
+  static SeenDtypes seen;
+  launch_out_kernel<kDeviceTensors>("aten::scatter.value_out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+    const at::Tensor &o = t[0], &s = t[1], &i = t[2];
+    if (!here || !prepare_scatter(s, d, i, o)) {
+      auto c = cpu_tensors_of(t);
+      at::cpu::scatter_outf(c[1], dim, c[2], value, c[0]);
+      return;
+    }
+    AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(at::kBool, at::kHalf, at::kBFloat16, o.scalar_type(), "openreg_scatter_value", [&] {
+      const scalar_t v = value.to<scalar_t>(); // CPU's conversion and its overflow error
+      AT_DISPATCH_INDEX_TYPES(i.scalar_type(), "openreg_scatter_value", [&] {
+        scatter_elements<index_t, scalar_t>(o, d, i, i.strides(), [&](scalar_t* at, int64_t) { *at = v; });
+      });
+    });
+  });
 }
 
 } // namespace openreg::native

@@ -26,9 +26,10 @@ at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bo
   ::openreg::structured::FunctionalOp<at::native::structured_softmax_cpu_out, 1, false> op;
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
-  ::openreg::structured::CpuImplOperands<2> aliases(op.outputs_[0]);
-  op.impl(aliases(self), dim, half_to_float, aliases(op.outputs_[0]));
-  aliases.check_kept("aten::_softmax");
+  static ::openreg::SeenDtypes seen;
+  ::demo::native::launch_structured_cpu_impl<at::native::structured_softmax_cpu_out, 2>(
+      op, "aten::_softmax", seen, {&self, &static_cast<const at::Tensor&>(op.outputs_[0])},
+      [a0 = ::openreg::kernel_argument(dim), a1 = ::openreg::kernel_argument(half_to_float)](auto& impl, const auto& t) { impl.impl(t[0], a0, a1, t[1]); });
   return std::move(op.outputs_[0]);
 }
 
@@ -41,9 +42,10 @@ at::Tensor & wrapper_PrivateUse1__softmax_out(const at::Tensor & self, int64_t d
   ::openreg::structured::OutOp<at::native::structured_softmax_cpu_out, 1, false> op(out);
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
-  ::openreg::structured::CpuImplOperands<2> aliases(op.maybe_get_output(0));
-  op.impl(aliases(self), dim, half_to_float, aliases(op.maybe_get_output(0)));
-  aliases.check_kept("aten::_softmax.out");
+  static ::openreg::SeenDtypes seen;
+  ::demo::native::launch_structured_cpu_impl<at::native::structured_softmax_cpu_out, 2>(
+      op, "aten::_softmax.out", seen, {&self, &op.maybe_get_output(0)},
+      [a0 = ::openreg::kernel_argument(dim), a1 = ::openreg::kernel_argument(half_to_float)](auto& impl, const auto& t) { impl.impl(t[0], a0, a1, t[1]); });
   op.copy_back();
   return out;
 }
