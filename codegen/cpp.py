@@ -17,7 +17,7 @@ DEVICE_HEADER = "aten/OpenRegDevice.h"  # openreg::OptionalDeviceGuard
 TRACE_HEADER = "aten/OpenRegTrace.h"  # openreg::trace::Scope, TracedStub
 ROUTES_HEADER = "aten/OpenRegRoutes.h"  # openreg::Route, RouteTable
 FALLBACK_HEADER = "aten/OpenRegFallback.h"  # the boxed fallbacks
-STRUCTURED_HEADER = "aten/OpenRegStructured.h"  # FunctionalOp/OutOp/InplaceOp, CpuImplOperands
+STRUCTURED_HEADER = "aten/OpenRegStructured.h"  # FunctionalOp/OutOp/InplaceOp
 CPU_KERNEL_CALL_HEADER = "aten/OpenRegCpuKernelCall.h"  # openreg::CpuKernelCall
 CPU_ITERATOR_HEADER = "aten/native/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl, launch_structured_cpu_impl
 # The generated header that declares every kernel the yaml names.
