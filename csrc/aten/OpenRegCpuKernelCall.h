@@ -30,7 +30,6 @@
 //      device memory adopted as it is.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <initializer_list>
 #include <list>
@@ -252,15 +251,13 @@ void launch_out_kernel(
     Kernel&& kernel) {
   CpuKernelCall call(op);
   std::array<const at::TensorBase*, N + 1> tensors{&out};
-  int64_t work = out.numel();
   for (size_t i = 0; i < N; ++i) {
     call.note(*inputs[i].first, inputs[i].second);
     tensors[i + 1] = inputs[i].first;
-    work = std::max<int64_t>(work, inputs[i].first->numel());
   }
   call.note(out, "out", /*written=*/true);
   call.check();
-  launch_operands_kernel<kCpu>(out.device().index(), op, work, seen, tensors, std::forward<Kernel>(kernel));
+  launch_operands_kernel<kCpu>(out.device().index(), op, seen, tensors, std::forward<Kernel>(kernel));
 }
 
 } // namespace openreg

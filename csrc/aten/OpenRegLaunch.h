@@ -14,6 +14,7 @@
 // kernel runs it at once (orLaunchKernel).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -357,6 +358,17 @@ uint64_t dtype_key(const std::array<const at::TensorBase*, N>& tensors) {
   return key;
 }
 
+// The work of a kernel over `tensors` (elements, for run_small_kernel_if_idle):
+// the largest operand's size.
+template <size_t N>
+int64_t largest_numel(const std::array<const at::TensorBase*, N>& tensors) {
+  int64_t work = 0;
+  for (const at::TensorBase* t : tensors) {
+    work = std::max<int64_t>(work, t->defined() ? t->numel() : 0);
+  }
+  return work;
+}
+
 // The tensor operands of a queued kernel. The launch captures each tensor's
 // metadata (a CPU tensor is copied, kernel_tensor_argument); the kernel makes
 // views of them (kernel_view), one per distinct tensor and one storage per
@@ -421,11 +433,16 @@ class KernelOperands {
 };
 
 namespace detail {
-// Runs body(tensors) and checks that CPU code did not replace a tensor
-// (through a const_cast) or move its memory: its result would then be where
-// the device tensor never sees it.
-template <size_t N, typename Body>
+// Runs body(tensors). With kCpu, CPU code ran: it must not have replaced a
+// tensor (through a const_cast) or moved its memory, or its result would be
+// where the device tensor never sees it. openreg's own code keeps its
+// operands.
+template <bool kCpu, size_t N, typename Body>
 void run_on_tensors(const char* name, std::array<at::Tensor, N>& tensors, Body& body) {
+  if constexpr (!kCpu) {
+    body(tensors);
+    return;
+  }
   std::array<const c10::TensorImpl*, N> made{};
   std::array<const void*, N> memory{};
   for (size_t i = 0; i < N; ++i) {
@@ -470,11 +487,7 @@ void run_here(const char* name, const std::array<const at::TensorBase*, N>& oper
         Borrow::createBorrow(kCpu && t.defined() && t.device().is_privateuseone() ? aliases->get(t).first->alias : t);
     borrowed.lent[i] = borrowed.tensors[i].unsafeGetTensorImpl();
   }
-  if constexpr (kCpu) {
-    run_on_tensors(name, borrowed.tensors, body);
-  } else {
-    body(borrowed.tensors); // openreg's own code, which keeps its operands
-  }
+  run_on_tensors<kCpu>(name, borrowed.tensors, body);
 }
 
 // How every launch of the kernels here decides where its kernel runs:
@@ -508,11 +521,7 @@ struct OperandsKernel {
   const char* name;
   void operator()() {
     std::array<at::Tensor, N> tensors = operands.tensors();
-    if constexpr (kCpu) {
-      run_on_tensors(name, tensors, body);
-    } else {
-      body(tensors);
-    }
+    run_on_tensors<kCpu>(name, tensors, body);
   }
 };
 
@@ -528,7 +537,7 @@ inline constexpr bool kDeviceTensors = false; // openreg tensors, for openreg's 
 // orKernelAddress (openreg's own loops); what else body needs it captures by
 // value (kernel_argument). Queued, the operands are views the kernel makes
 // (KernelOperands); run at once, the caller's own tensors or recycled CPU
-// aliases, borrowed. `work` (elements) decides whether it is small
+// aliases, borrowed. The largest operand decides whether it is small
 // (run_small_kernel_if_idle). As for an iterator's kernel
 // (launch_iterator_kernel), the first launch of each combination of operand
 // dtypes in `seen` runs in the calling thread, so CPU's dtype errors raise at
@@ -537,13 +546,12 @@ template <bool kCpu, size_t N, typename Body>
 void launch_operands_kernel(
     c10::DeviceIndex device,
     const char* name,
-    int64_t work,
     SeenDtypes& seen,
     const std::array<const at::TensorBase*, N>& tensors,
     Body&& body) {
   auto here = [&] { detail::run_here<kCpu>(name, tensors, body); };
   using Kernel = detail::OperandsKernel<kCpu, N, std::decay_t<Body>>;
-  detail::run_or_launch(device, name, work, seen, dtype_key(tensors), here, [&]() -> Kernel {
+  detail::run_or_launch(device, name, largest_numel(tensors), seen, dtype_key(tensors), here, [&]() -> Kernel {
     return Kernel{KernelOperands<N, kCpu>(tensors), std::forward<Body>(body), name};
   });
 }

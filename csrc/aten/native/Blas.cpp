@@ -202,8 +202,7 @@ bool blas_addmm(
   static SeenDtypes seen;
   const at::Tensor no_bias;
   launch_operands_kernel<kDeviceTensors>(
-      out.device().index(), "openreg::native::blas_addmm", std::max({out.numel(), m1.numel(), m2.numel()}), seen,
-      std::array<const at::TensorBase*, 4>{&out, &m1, &m2, add && small ? &self : &no_bias},
+      out.device().index(), "openreg::native::blas_addmm", seen, std::array<const at::TensorBase*, 4>{&out, &m1, &m2, add && small ? &self : &no_bias},
       [g = *g, alpha, beta](const std::array<at::Tensor, 4>& t) {
         if (t[0].scalar_type() == at::kFloat) {
           run<float>(g, sgemm_, t[3], t[0], t[1], t[2], alpha, beta);
@@ -283,8 +282,7 @@ bool small_batched_product(
   }
   static SeenDtypes seen;
   launch_operands_kernel<kDeviceTensors>(
-      out.device().index(), "openreg::native::small_batched_product", std::max({out.numel(), m1.numel(), m2.numel()}),
-      seen, std::array<const at::TensorBase*, 3>{&out, &m1, &m2},
+      out.device().index(), "openreg::native::small_batched_product", seen, std::array<const at::TensorBase*, 3>{&out, &m1, &m2},
       [beta, alpha](const std::array<at::Tensor, 3>& t) {
         AT_DISPATCH_ALL_TYPES_AND_COMPLEX(t[0].scalar_type(), "openreg_small_batched", [&] {
           small_batched<scalar_t, bmm>(t[0], t[1], t[2], beta, alpha);

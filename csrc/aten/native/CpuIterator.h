@@ -17,7 +17,6 @@
 // CpuKernelOf launches the kernel on the current stream.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -221,10 +220,7 @@ struct CpuIteratorImpl final : Parent {
   }
 };
 
-// Launches body(impl, tensors), impl a CpuImpl (or CpuIteratorImpl) of
-// `Parent` and tensors the CPU tensors of `tensors`, impl()'s tensor
-// arguments in order; op is the object meta() ran on. The work is the
-// largest operand's size.
+// The queued kernel of an iterator class's impl().
 template <class Parent, size_t N, typename Body>
 struct IteratorImplKernel {
   KernelIterator iter;
@@ -236,30 +232,29 @@ struct IteratorImplKernel {
     iter.run([&](at::TensorIterator& it) {
       CpuIteratorImpl<Parent> impl(it);
       auto with_impl = [&](std::array<at::Tensor, N>& t) { body(impl, t); };
-      detail::run_on_tensors(name, tensors, with_impl);
+      detail::run_on_tensors<true>(name, tensors, with_impl);
     });
   }
 };
 
+// Launches body(impl, tensors), impl a CpuImpl (or CpuIteratorImpl) of
+// `Parent` and tensors the CPU tensors of `tensors`, impl()'s tensor
+// arguments in order; op is the object meta() ran on.
 template <class Parent, size_t N, typename Op, typename Body>
 void launch_structured_cpu_impl(
     Op& op, const char* name, SeenDtypes& seen, const std::array<const at::TensorBase*, N>& tensors, Body&& body) {
-  int64_t work = 0;
-  for (const at::TensorBase* t : tensors) {
-    work = std::max<int64_t>(work, t->defined() ? t->numel() : 0);
-  }
   const c10::DeviceIndex device = tensors[N - 1]->device().index(); // an output
   if constexpr (std::is_base_of_v<at::TensorIteratorBase, Parent>) {
     // At once, impl() runs on `op` itself, whose iterator meta() built.
     auto on_op = [&](std::array<at::Tensor, N>& t) { body(op, t); };
     auto here = [&] { detail::run_here<true>(name, tensors, on_op); };
     using Kernel = IteratorImplKernel<Parent, N, std::decay_t<Body>>;
-    detail::run_or_launch(device, name, work, seen, ::openreg::dtype_key(tensors), here, [&]() -> Kernel {
+    detail::run_or_launch(device, name, largest_numel(tensors), seen, ::openreg::dtype_key(tensors), here, [&]() -> Kernel {
       return Kernel{KernelIterator(op), KernelOperands<N, true>(tensors), std::forward<Body>(body), name};
     });
   } else {
     launch_operands_kernel<kCpuTensors>(
-        device, name, work, seen, tensors, [body = std::forward<Body>(body)](std::array<at::Tensor, N>& cpu) {
+        device, name, seen, tensors, [body = std::forward<Body>(body)](std::array<at::Tensor, N>& cpu) {
           CpuImpl<Parent> impl;
           body(impl, cpu);
         });

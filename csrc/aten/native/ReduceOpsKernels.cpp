@@ -23,7 +23,7 @@ void max_kernel(
     bool keepdim) {
   static SeenDtypes seen;
   launch_operands_kernel<kCpuTensors>(
-      self.device().index(), "at::native::max_stub", self.numel(), seen,
+      self.device().index(), "at::native::max_stub", seen,
       std::array<const at::TensorBase*, 3>{&values, &indices, &self}, [dim, keepdim](auto& t) {
         at::native::max_stub(c10::DeviceType::CPU, t[0], t[1], t[2], dim, keepdim);
       });
