@@ -19,6 +19,7 @@ ROUTES_HEADER = "aten/OpenRegRoutes.h"  # openreg::Route, RouteTable
 FALLBACK_HEADER = "aten/OpenRegFallback.h"  # the boxed fallbacks
 STRUCTURED_HEADER = "aten/OpenRegStructured.h"  # FunctionalOp/OutOp/InplaceOp
 CPU_KERNEL_CALL_HEADER = "aten/OpenRegCpuKernelCall.h"  # openreg::CpuKernelCall
+BOXED_CPU_KERNEL_HEADER = "aten/OpenRegBoxedCpuKernel.h"  # openreg::launch_cpu_kernel
 CPU_ITERATOR_HEADER = "aten/native/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl, launch_structured_cpu_impl
 # The generated header that declares every kernel the yaml names.
 NATIVE_HEADER = "OpenRegNativeFunctions.h"
@@ -26,6 +27,8 @@ NATIVE_HEADER = "OpenRegNativeFunctions.h"
 # C++ names the generated code calls.
 STRUCTURED_NAMESPACE = "::openreg::structured"
 CPU_KERNEL_CALL = "::openreg::CpuKernelCall"
+LAUNCH_CPU_KERNEL = "::openreg::launch_cpu_kernel"
+CPU_KERNEL_OPERATOR = "::openreg::cpu_kernel_operator"
 CPU_STUB_KERNEL = "CpuKernelOf"  # in cpp_namespace: CpuKernelOf<&stub>::run
 STRUCTURED_PREPARE = "prepare_structured_impl"  # in cpp_namespace
 

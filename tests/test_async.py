@@ -30,11 +30,16 @@ def busy(ms=BUSY_MS):
 
 
 def launched_before(fn):
-    """Runs fn once: the first launch of a kernel with a combination of operand
-    dtypes runs in the calling thread, so that CPU's "not implemented for" errors
-    raise at the call (docs/runtime.md, "Kernels"); later ones are queued."""
-    fn()
-    torch.openreg.synchronize()
+    """Runs fn behind queued work: the first launch of a kernel with a
+    combination of operand dtypes runs in the calling thread, so that CPU's "not
+    implemented for" errors raise at the call, and so does the first call of a
+    CPU kernel with given operand shapes that could be queued, which learns its
+    results' shapes (docs/runtime.md, "Kernels"); later ones are queued. Twice:
+    a first call may take longer than the queued work (lazy initialisation)."""
+    for _ in range(2):
+        busy(30)
+        fn()
+        torch.openreg.synchronize()
 
 
 def elapsed(fn):
@@ -146,6 +151,15 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
         pytest.param(lambda x, i: x.scatter(1, i, 2.0), id="scatter"),
         pytest.param(lambda x, i: x.index_select(0, i[0]), id="index_select"),
         pytest.param(lambda x, i: x.max(1), id="max_dim"),
+        # CPU's kernel through the boxed launch (docs/runtime.md, "CPU kernels and the fallback").
+        pytest.param(lambda x, i: torch.nn.functional.layer_norm(x, (64,)), id="cpu_kernel"),
+        pytest.param(lambda x, i: torch.std_mean(x, 1), id="cpu_kernel_two_results"),
+        pytest.param(lambda x, i: x.index_fill_(1, i[0, :4], 2.0), id="cpu_kernel_in_place"),
+        pytest.param(lambda x, i: torch.nn.functional.conv2d(x.view(1, 1, 64, 64), x[:3, :3].reshape(1, 1, 3, 3)),
+                     id="cpu_kernel_conv"),
+        pytest.param(lambda x, i: torch.logcumsumexp(x, 1), id="fallback"),
+        pytest.param(lambda x, i: torch.kthvalue(x, 3, 1), id="fallback_two_results"),
+        pytest.param(lambda x, i: torch.nan_to_num(x, out=x), id="fallback_out"),
     ],
 )
 def test_every_launching_route_queues_behind_queued_work(fn):
@@ -165,6 +179,83 @@ def test_every_launching_route_queues_behind_queued_work(fn):
     _, sync_ms = elapsed(torch.openreg.synchronize)
     assert_waited(launch_ms, sync_ms)
     torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), tuple(out) if isinstance(out, tuple) else out), expected)
+
+
+def test_a_cpu_kernel_learns_the_results_of_each_new_geometry_at_once():
+    # The first call that could be queued with operands of new shapes runs in
+    # the calling thread and learns its results' shapes; the next is queued.
+    x = torch.randn(8, 16, device=DEVICE)
+    launched_before(lambda: torch.flip(x, [0]))
+    for other in (torch.randn(4, 16, device=DEVICE), x.t(), x):
+        busy()
+        count = queued()
+        out, launch_ms = elapsed(lambda: torch.flip(other, [1]))  # new dims: a new key too
+        assert queued() == count  # ran at once, in stream order
+        assert launch_ms > BUSY_MS / 4
+        torch.testing.assert_close(out.cpu(), torch.flip(other.cpu(), [1]), rtol=0, atol=0)
+        busy()
+        count = queued()
+        out = torch.flip(other, [1])
+        assert queued() == count + QUEUED
+        torch.testing.assert_close(out.cpu(), torch.flip(other.cpu(), [1]), rtol=0, atol=0)
+
+
+def test_an_operator_whose_results_shape_depends_on_values_runs_at_once():
+    # torch tags nonzero dynamic_output_shape: it waits for the stream and
+    # never learns a shape.
+    x = torch.randn(64, device=DEVICE)
+    for _ in range(2):
+        busy()
+        out, launch_ms = elapsed(lambda: torch.nonzero(x > 0))
+        assert launch_ms > BUSY_MS / 4
+        assert torch.equal(out.cpu(), torch.nonzero(x.cpu() > 0))
+
+
+def test_an_untagged_value_dependent_shape_is_an_error_at_the_next_synchronising_call_then_runs_at_once():
+    # torch does not tag _padded_dense_to_jagged_forward (total_L=None):
+    # the queued call returns the shape its first call learnt, which is wrong
+    # here. The kernel finds out and reports it; the key then runs at once.
+    dense = torch.randn(2, 4, 3)
+    first, other = (0, 2, 5), (0, 1, 2)
+    placed = {offsets: (dense.to(DEVICE), torch.tensor(offsets, device=DEVICE)) for offsets in (first, other)}
+    expected = torch.ops.aten._padded_dense_to_jagged_forward(dense, [torch.tensor(other)], None)
+
+    def jagged(offsets):
+        dense, offsets = placed[offsets]
+        return torch.ops.aten._padded_dense_to_jagged_forward(dense, [offsets], None)
+
+    launched_before(lambda: jagged(first))
+    busy()
+    out = jagged(other)  # the host copies above would wait for the stream
+    if BLOCKING:
+        torch.testing.assert_close(out.cpu(), expected)
+    else:
+        with pytest.raises(
+            torch.AcceleratorError,
+            match=r"(?s)_padded_dense_to_jagged_forward returned \[2, 3\] float where its first call .* returned "
+            r"\[5, 3\] float: its result depends on the operands' values.*OPENREG_LAUNCH_BLOCKING=1",
+        ):
+            torch.openreg.synchronize()
+    busy()
+    torch.testing.assert_close(jagged(other).cpu(), expected)
+
+
+def test_a_queued_cpu_kernel_reports_its_error_at_the_next_synchronising_call():
+    logp = torch.randn(4, 5, device=DEVICE).log_softmax(1)
+    good = torch.tensor([0, 1, 2, 3], device=DEVICE)
+    bad = torch.tensor([2, 3, 4, 5], device=DEVICE)
+    launched_before(lambda: torch.nn.functional.nll_loss(logp, good))
+    busy()
+    if BLOCKING:
+        with pytest.raises(IndexError, match="Target 5 is out of bounds"):
+            torch.nn.functional.nll_loss(logp, bad)
+    else:
+        torch.nn.functional.nll_loss(logp, bad)
+        with pytest.raises(torch.AcceleratorError, match="aten::nll_loss_forward: Target 5 is out of bounds"):
+            torch.openreg.synchronize()
+    torch.testing.assert_close(
+        torch.nn.functional.nll_loss(logp, good).cpu(), torch.nn.functional.nll_loss(logp.cpu(), good.cpu())
+    )
 
 
 def test_kernels_run_in_stream_order():

@@ -8,7 +8,11 @@ here: it notes where each operand lives, begins the call (device guard, stream
 order, CPU allocations redirected to device memory), calls the operator's
 CPU kernel with CPU aliases of the operands, and returns written operands as
 themselves and fresh results as openreg tensors over the memory the CPU kernel
-allocated.
+allocated. When the kernel may be queued (a busy stream, a large kernel), the
+wrapper hands its arguments, boxed, to the launch of CPU kernels
+(aten/OpenRegBoxedCpuKernel.h), except for operators that torch tags as having
+results of data-dependent shape, host results, or random draws: those run at
+once.
 
 The CPU kernel is called as the C++ function torch generates for it
 (``at::cpu::sum``, or the composite namespace whose kernel CPU's dispatch table
@@ -69,6 +73,30 @@ def _host_expr(a: Argument) -> str:
     return f"call.alias({a.name})"
 
 
+# torch's tags of operators whose CPU kernel is never queued (OpenRegBoxedCpuKernel.cpp, never_queued).
+NEVER_QUEUED_TAGS = frozenset({"dynamic_output_shape", "data_dependent_output", "nondeterministic_seeded"})
+
+
+def _may_queue(entry: CpuKernelEntry, arguments: list[Argument]) -> bool:
+    """Whether the wrapper may hand its call to the launch of CPU kernels: not for
+    the tags above, nor for generator and device arguments (a call with one runs
+    at once there)."""
+    if NEVER_QUEUED_TAGS & set(entry.func.tags):
+        return False
+    return not any(isinstance(a, Argument) and _kind(a.type) in ("generator", "device") for a in arguments)
+
+
+def _queue_branch(entry: CpuKernelEntry, sig: DispatcherSignature) -> list[str]:
+    name = entry.func.func.name
+    args = ", ".join(a.name for a in sig.arguments())
+    return [
+        "  if (call.may_queue()) {",
+        f'    static const c10::OperatorHandle op = {cpp.CPU_KERNEL_OPERATOR}("aten::{name.name}", "{name.overload_name}");',
+        f"    return {cpp.LAUNCH_CPU_KERNEL}<{sig.type()}>(op, {args});",
+        "  }",
+    ]
+
+
 def _returns(entry: CpuKernelEntry) -> tuple[str, str]:
     """(how the CPU function's value is kept, the return statement)."""
     schema = entry.func.func
@@ -114,6 +142,7 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
             f"  {cpp.trace_scope(op, entry.route, kernel)}",
             f'  {cpp.CPU_KERNEL_CALL} call("{op}", /*accepts_cpu_tensors=*/{accepts});',
             *notes,
+            *(_queue_branch(entry, sig) if _may_queue(entry, arguments) else []),
             "  call.begin();",
             *written,
             f"  {keep}{kernel}({exprs});",
@@ -133,6 +162,7 @@ def emit(cfg: BackendConfig) -> dict[str, str]:
             FILE,
             cfg,
             call_header=cpp.CPU_KERNEL_CALL_HEADER,
+            boxed_header=cpp.BOXED_CPU_KERNEL_HEADER,
             trace_header=cpp.TRACE_HEADER,
             cpu_function_headers=cpp.includes(
                 {f"ATen/ops/{e.func.root_name}_{cpu_dispatch_namespace(e.func)}_dispatch.h" for e in entries},

@@ -8,6 +8,7 @@ ${banner}
 
 ${cpu_function_headers}
 
+#include "${boxed_header}"
 #include "${call_header}"
 #include "${trace_header}"
 

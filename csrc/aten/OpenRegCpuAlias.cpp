@@ -1,5 +1,6 @@
 #include "OpenRegCpuAlias.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <mutex>
@@ -104,6 +105,12 @@ GrowthAllocator* growth_allocator(c10::DeviceIndex index) {
 // (redirect_cpu_allocations), or -1.
 thread_local c10::DeviceIndex redirect_device = -1;
 
+// This thread's planned allocations (PlannedCpuAllocations), or nullptr.
+thread_local PlannedCpuAllocations* planned_allocations = nullptr;
+
+// The deleter of a planned block: its device storage owns it.
+void planned_block(void* /*data*/) {}
+
 // torch's CPU allocator with one change: while this thread's allocations are
 // redirected (a CpuKernelCall runs its CPU kernel), they are CPU-visible
 // memory of that openreg device, so the kernel's results are device memory
@@ -118,6 +125,11 @@ class RedirectingCPUAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     if (redirect_device >= 0) {
       return allocate_cpu_visible(redirect_device, nbytes);
+    }
+    if (planned_allocations != nullptr) {
+      if (void* data = planned_allocations->take(nbytes)) {
+        return c10::DataPtr(data, data, &planned_block, c10::Device(c10::DeviceType::CPU));
+      }
     }
     return cpu_->allocate(nbytes);
   }
@@ -139,6 +151,9 @@ class RedirectingCPUAllocator final : public c10::Allocator {
   }
 
   static void raw_delete(void* data) {
+    if (planned_allocations != nullptr && planned_allocations->planned(data)) {
+      return;
+    }
     if (!release_cpu_visible(data)) {
       cpu_raw_deleter()(data);
     }
@@ -175,6 +190,35 @@ void install_cpu_allocator_redirect() {
     return true;
   }();
   (void)installed;
+}
+
+PlannedCpuAllocations::PlannedCpuAllocations(c10::SmallVector<Block, 4> blocks)
+    : blocks_(std::move(blocks)), previous_(std::exchange(planned_allocations, this)) {}
+
+PlannedCpuAllocations::~PlannedCpuAllocations() {
+  planned_allocations = previous_;
+}
+
+void* PlannedCpuAllocations::take(size_t nbytes) {
+  for (Block& b : blocks_) {
+    if (!b.taken && b.nbytes == nbytes && nbytes > 0) {
+      b.taken = true;
+      return b.data;
+    }
+  }
+  return nullptr;
+}
+
+bool PlannedCpuAllocations::planned(const void* data) const {
+  return std::any_of(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.data == data; });
+}
+
+bool PlannedCpuAllocations::inside(const void* data) const {
+  const auto* p = static_cast<const char*>(data);
+  return std::any_of(blocks_.begin(), blocks_.end(), [&](const Block& b) {
+    const auto* begin = static_cast<const char*>(b.data);
+    return p >= begin && p < begin + b.nbytes;
+  });
 }
 
 c10::DeviceIndex redirect_cpu_allocations(c10::DeviceIndex index) {

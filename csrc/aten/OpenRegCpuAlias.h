@@ -57,6 +57,37 @@ void install_cpu_allocator_redirect();
 // starts are not redirected.
 c10::DeviceIndex redirect_cpu_allocations(c10::DeviceIndex index);
 
+// --- Planned results of a queued CPU kernel ---
+
+// While one lives, this thread's CPU allocations of exactly a block's size
+// get that block (the first not yet handed out), as a DataPtr that owns
+// nothing: a queued CPU kernel (OpenRegBoxedCpuKernel.h) writes its fresh
+// results straight into the device memory its launch gave them, at kernel
+// addresses. Other allocations are the CPU allocator's.
+class PlannedCpuAllocations {
+ public:
+  struct Block {
+    void* data = nullptr;
+    size_t nbytes = 0;
+    bool taken = false;
+  };
+  explicit PlannedCpuAllocations(c10::SmallVector<Block, 4> blocks);
+  PlannedCpuAllocations(const PlannedCpuAllocations&) = delete;
+  PlannedCpuAllocations& operator=(const PlannedCpuAllocations&) = delete;
+  ~PlannedCpuAllocations();
+
+  // For the allocator: a block of `nbytes` not yet handed out, or nullptr.
+  void* take(size_t nbytes);
+  // Whether `data` is the start of one of the blocks.
+  bool planned(const void* data) const;
+  // Whether `data` lies inside one of the blocks.
+  bool inside(const void* data) const;
+
+ private:
+  c10::SmallVector<Block, 4> blocks_;
+  PlannedCpuAllocations* previous_;
+};
+
 // --- CPU aliases ---
 
 // A resizable CPU storage over the same bytes as `device_storage`; it keeps the

@@ -146,6 +146,9 @@ void CpuKernelCall::note(const at::Tensor& t, const char* argument, bool written
   }
   if (t.device().is_privateuseone()) {
     note_device(t.device(), argument);
+    if (!t.is_nested()) {
+      work_ = std::max(work_, t.numel());
+    }
   } else if (t.is_cpu()) {
     const bool harmless = t.dim() == 0 && !written;
     if (!harmless && cpu_argument_ == nullptr) {
@@ -190,6 +193,13 @@ void CpuKernelCall::note(const std::optional<at::Generator>& generator, const ch
   if (generator.has_value() && generator->defined()) {
     (generator->device().is_privateuseone() ? openreg_generator_ : other_generator_) = true;
   }
+}
+
+bool CpuKernelCall::may_queue() const {
+  if (!device_ || cpu_results_ || inside_kernel() || launch_blocking()) {
+    return false;
+  }
+  return work_ >= kSmallKernel || queue_all_kernels() || !current_stream_idle(device_->index());
 }
 
 void CpuKernelCall::begin() {

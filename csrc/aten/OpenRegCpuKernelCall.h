@@ -114,6 +114,13 @@ class CpuKernelCall {
     cpu_results_ = true;
   }
 
+  // After step 1: whether the kernel may be queued (OpenRegBoxedCpuKernel.h)
+  // rather than run here: on an openreg device, outside a kernel, without
+  // OPENREG_LAUNCH_BLOCKING=1, and not a small kernel (fewer than
+  // kSmallKernel elements in every operand) on an idle stream, which runs at
+  // once as launch_kernel runs one.
+  bool may_queue() const;
+
   // Step 2.
   void begin();
   // begin()'s checks of the noted arguments alone, for a kernel launched
@@ -191,6 +198,7 @@ class CpuKernelCall {
   std::optional<c10::Device> device_;
   const char* device_argument_ = nullptr;
   const char* cpu_argument_ = nullptr;
+  int64_t work_ = 0; // the largest openreg operand's elements
   // A Device argument names the CPU (`.cpu()` of a nested tensor is
   // _to_copy(device="cpu") on the fallback): fresh results stay CPU tensors.
   bool cpu_results_ = false;

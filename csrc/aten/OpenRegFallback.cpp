@@ -9,129 +9,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "OpenRegCpuKernelCall.h"
+#include "OpenRegBoxedCpuKernel.h"
 #include "OpenRegRoutes.h"
 #include "OpenRegTrace.h"
 
 namespace openreg {
 namespace {
-
-bool is_generator_argument(const c10::Argument& argument) {
-  c10::TypePtr type = argument.real_type();
-  if (type->kind() == c10::TypeKind::OptionalType) {
-    type = type->castRaw<c10::OptionalType>()->getElementType();
-  }
-  return type->kind() == c10::TypeKind::GeneratorType;
-}
-
-bool is_written(const c10::Argument& argument) {
-  return argument.alias_info() != nullptr && argument.alias_info()->isWrite();
-}
-
-// Calls `fn(tensor)` for a Tensor argument and for each tensor of a list argument.
-template <typename Fn>
-void for_each_tensor(const c10::IValue& value, Fn&& fn) {
-  if (value.isTensor()) {
-    fn(value.toTensor());
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) {
-      if (element.isTensor()) {
-        fn(element.toTensor());
-      }
-    }
-  }
-}
-
-// Replaces each tensor of a Tensor or list argument by `fn(tensor)`.
-template <typename Fn>
-c10::IValue map_tensors(const c10::IValue& value, Fn&& fn) {
-  if (value.isTensor()) {
-    return fn(value.toTensor());
-  }
-  if (value.isList()) {
-    const c10::List<c10::IValue> list = value.toList();
-    c10::impl::GenericList mapped(list.elementType());
-    mapped.reserve(list.size());
-    for (const c10::IValue& element : list) {
-      mapped.push_back(element.isTensor() ? c10::IValue(fn(element.toTensor())) : element);
-    }
-    return mapped;
-  }
-  return value;
-}
-
-// One run of the fallback: a CpuKernelCall (OpenRegCpuKernelCall.h) driven by the
-// operator's schema, over the boxed stack.
-class FallbackCall {
- public:
-  // `kernel_key`: where the operator's CPU kernel is, CPU for the dense
-  // fallback, NestedTensorCPU for the nested one.
-  FallbackCall(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey kernel_key)
-      : op_(op),
-        kernel_key_(kernel_key),
-        schema_(op.schema()),
-        stack_(*stack),
-        args_begin_(stack->size() - schema_.arguments().size()),
-        call_(schema_.operator_name(), accepts_cpu_tensors(schema_.operator_name())) {}
-
-  void run() {
-    if (returns_cpu_tensors(schema_.operator_name())) {
-      call_.keep_results_on_cpu();
-    }
-    const auto& arguments = schema_.arguments();
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      note(arguments[i], stack_[args_begin_ + i]);
-    }
-    call_.begin();
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      to_cpu_aliases(arguments[i], stack_[args_begin_ + i]);
-    }
-    op_.redispatchBoxed(c10::DispatchKeySet(kernel_key_), &stack_);
-    call_.finish();
-    const size_t returns = schema_.returns().size();
-    for (size_t i = stack_.size() - returns; i < stack_.size(); ++i) {
-      stack_[i] = map_tensors(stack_[i], [&](const at::Tensor& t) { return call_.result(t); });
-    }
-  }
-
- private:
-  void note(const c10::Argument& argument, const c10::IValue& value) {
-    const char* name = argument.name().c_str();
-    const bool written = is_written(argument);
-    for_each_tensor(value, [&](const at::Tensor& t) { call_.note(t, name, written); });
-    if (value.isDevice()) {
-      call_.note(std::optional<at::Device>(value.toDevice()), name);
-    } else if (value.isGenerator()) {
-      call_.note(std::optional<at::Generator>(value.toGenerator()), name);
-    }
-  }
-
-  void to_cpu_aliases(const c10::Argument& argument, c10::IValue& value) {
-    if (is_written(argument)) {
-      value = map_tensors(value, [&](const at::Tensor& t) { return call_.written(t); });
-    } else {
-      value = map_tensors(value, [&](const at::Tensor& t) { return call_.alias(t); });
-    }
-    if (value.isDevice()) {
-      value = *call_.device(value.toDevice());
-    } else if (value.isStorage()) {
-      value = call_.alias(value.toStorage());
-    } else if (value.isGenerator()) {
-      value = *call_.generator(value.toGenerator());
-    } else if (value.isNone() && is_generator_argument(argument)) {
-      if (std::optional<at::Generator> generator = call_.generator(std::nullopt)) {
-        value = *generator;
-      }
-    }
-  }
-
-  const c10::OperatorHandle& op_;
-  const c10::DispatchKey kernel_key_;
-  const c10::FunctionSchema& schema_;
-  torch::jit::Stack& stack_;
-  const size_t args_begin_;
-  CpuKernelCall call_;
-};
 
 std::atomic<FallbackMode> mode{FallbackMode::Silent};
 
@@ -208,7 +91,7 @@ void run_on_cpu_aliases(
   const c10::OperatorName& name = op.operator_name();
   const FallbackMode current = fallback_mode();
   TORCH_CHECK_NOT_IMPLEMENTED(current != FallbackMode::Error, c10::toString(name), forbidden);
-  FallbackCall(op, stack, key).run();
+  run_cpu_kernel_boxed(op, stack, key);
   note_fallback(name, current);
 }
 

@@ -196,7 +196,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_device", [] { return static_cast<int>(openreg::peek_current_device()); },
         "The current device of this thread; does not initialise openreg.");
   m.def("_set_device", [](int index) { openreg::set_device(static_cast<c10::DeviceIndex>(index)); });
-  m.def("_synchronize", [](int index) { openreg::synchronize(static_cast<c10::DeviceIndex>(index)); });
+  // Without the GIL while it waits, as torch.cuda.synchronize: a queued
+  // kernel may run Python (a CPU kernel registered from Python).
+  m.def("_synchronize", [](int index) { openreg::synchronize(static_cast<c10::DeviceIndex>(index)); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("_validate_device_index", [](int index) {
     openreg::validate_device_index(static_cast<c10::DeviceIndex>(index));
   }, "IndexError naming the valid range unless the index is in it; does not initialise openreg.");

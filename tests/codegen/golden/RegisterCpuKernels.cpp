@@ -13,6 +13,7 @@
 #include <ATen/ops/sort_cpu_dispatch.h>
 #include <ATen/ops/uniform_cpu_dispatch.h>
 
+#include "aten/OpenRegBoxedCpuKernel.h"
 #include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegTrace.h"
 
@@ -24,6 +25,10 @@ at::Tensor wrapper_PrivateUse1_cat(const at::ITensorListRef & tensors, int64_t d
   const ::openreg::trace::Scope trace_scope("aten::cat", ::openreg::Route::CpuKernel, "at::cpu::cat");
   ::openreg::CpuKernelCall call("aten::cat", /*accepts_cpu_tensors=*/false);
   call.note(tensors, "tensors");
+  if (call.may_queue()) {
+    static const c10::OperatorHandle op = ::openreg::cpu_kernel_operator("aten::cat", "");
+    return ::openreg::launch_cpu_kernel<at::Tensor (const at::ITensorListRef &, int64_t)>(op, tensors, dim);
+  }
   call.begin();
   auto result = at::cpu::cat(call.alias(tensors), dim);
   call.finish();
@@ -37,6 +42,10 @@ at::Tensor wrapper_PrivateUse1_cat(const at::ITensorListRef & tensors, int64_t d
   call.note(self, "self");
   call.note(values, "values", /*written=*/true);
   call.note(indices, "indices", /*written=*/true);
+  if (call.may_queue()) {
+    static const c10::OperatorHandle op = ::openreg::cpu_kernel_operator("aten::sort", "values_stable");
+    return ::openreg::launch_cpu_kernel<::std::tuple<at::Tensor &,at::Tensor &> (const at::Tensor &, ::std::optional<bool>, int64_t, bool, at::Tensor &, at::Tensor &)>(op, self, stable, dim, descending, values, indices);
+  }
   call.begin();
   at::Tensor values_alias = call.written(values);
   at::Tensor indices_alias = call.written(indices);
