@@ -13,7 +13,9 @@ compared is the models' arithmetic.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -259,13 +261,34 @@ def generate(spec: ModelSpec, model: nn.Module, batch: Batch) -> Callable[[], An
     return lambda: spec.generate(model, batch)
 
 
+@functools.cache
+def cpu_onednn_runs_bf16_lstm() -> bool:
+    """Whether CPU's LSTM runs under bf16 autocast on this machine. CPU sends it to
+    oneDNN, whose bf16 LSTM primitive needs AVX-512 (on an AVX2-only CPU it raises
+    "could not create a primitive descriptor for the LSTM forward propagation
+    primitive")."""
+    lstm = nn.LSTM(4, 4)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            lstm(torch.randn(2, 1, 4))
+    except RuntimeError as e:
+        if "could not create a primitive descriptor" not in str(e):
+            raise
+        return False
+    return True
+
+
 def autocast_bf16(spec: ModelSpec, model: nn.Module, batch: Batch) -> Callable[[], Any]:
     model.eval()
     inputs = forward_inputs(batch)
     device_type = next(iter(inputs.values())).device.type
+    # Where oneDNN cannot run CPU's bf16 LSTM, CPU's run takes its kernels
+    # without oneDNN, as on a build without it.
+    cpu_without_onednn = device_type == "cpu" and spec.name == "rnn" and not cpu_onednn_runs_bf16_lstm()
 
     def run() -> torch.Tensor:
-        with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16):
+        kernels = torch.backends.mkldnn.flags(enabled=False) if cpu_without_onednn else contextlib.nullcontext()
+        with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16), kernels:
             return model(**inputs).logits
     return run
 

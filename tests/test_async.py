@@ -157,6 +157,13 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
         pytest.param(lambda x, i: x.index_fill_(1, i[0, :4], 2.0), id="cpu_kernel_in_place"),
         pytest.param(lambda x, i: torch.nn.functional.conv2d(x.view(1, 1, 64, 64), x[:3, :3].reshape(1, 1, 3, 3)),
                      id="cpu_kernel_conv"),
+        pytest.param(lambda x, i: torch.nn.functional.scaled_dot_product_attention(
+            x.view(1, 4, 16, 64), x.view(1, 4, 16, 64) * 0.5, x.view(1, 4, 16, 64), is_causal=True),
+            id="fused_attention"),
+        pytest.param(lambda x, i: x.index_put_((i[:, 0],), x * 2, accumulate=True), id="index_put_accumulate"),
+        # The custom operator launches its loop (csrc/aten/native/AddRelu.cpp); relu(x + x) on CPU.
+        pytest.param(lambda x, i: torch.relu(x + x) if x.is_cpu else torch.ops.openreg.add_relu(x, x),
+                     id="custom_op"),
         pytest.param(lambda x, i: torch.logcumsumexp(x, 1), id="fallback"),
         pytest.param(lambda x, i: torch.kthvalue(x, 3, 1), id="fallback_two_results"),
         pytest.param(lambda x, i: torch.nan_to_num(x, out=x), id="fallback_out"),
@@ -179,6 +186,106 @@ def test_every_launching_route_queues_behind_queued_work(fn):
     _, sync_ms = elapsed(torch.openreg.synchronize)
     assert_waited(launch_ms, sync_ms)
     torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), tuple(out) if isinstance(out, tuple) else out), expected)
+
+
+def test_fused_attention_backward_queues_behind_queued_work():
+    # The autograd thread launches the backward kernels; backward() returns
+    # once they are queued.
+    qkv = [torch.randn(1, 4, 16, 64, requires_grad=True) for _ in range(3)]
+    placed = [t.detach().to(DEVICE).requires_grad_() for t in qkv]
+
+    def step(q, k, v):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    step(*qkv)
+    launched_before(lambda: step(*placed))
+    for t in placed:
+        t.grad = None
+    busy()
+    count = queued()
+    _, launch_ms = elapsed(lambda: step(*placed))
+    assert (queued() > count) is not BLOCKING
+    _, sync_ms = elapsed(torch.openreg.synchronize)
+    assert_waited(launch_ms, sync_ms)
+    for got, expected in zip(placed, qkv):
+        torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=0, atol=0)
+
+
+# Each draws into `t` (64 x 64 floats, or int64 for randperm) from the device's
+# default generator; the same call on CPU draws CPU's numbers for the same seed.
+RANDOM_DRAWS = {
+    "uniform_": lambda t: t.uniform_(),
+    "uniform_range": lambda t: t.uniform_(-2.0, 3.0),  # torch's implementation on a CPU tensor
+    "normal_": lambda t: t.normal_(1.0, 2.0),
+    "normal_strided": lambda t: t[:, ::2].normal_(),
+    "bernoulli_": lambda t: t.bernoulli_(0.3),
+    "random_": lambda t: t.random_(0, 100),
+    "exponential_": lambda t: t.exponential_(2.0),
+    "cauchy_": lambda t: t.cauchy_(),
+    "log_normal_": lambda t: t.log_normal_(),
+    "geometric_": lambda t: t.geometric_(0.3),
+    "randperm": lambda t: torch.randperm(t.numel(), out=t.view(-1)),
+}
+
+
+@pytest.mark.parametrize("name", list(RANDOM_DRAWS))
+def test_a_random_draw_behind_queued_work_returns_at_once_with_the_generator_advanced(name):
+    # The numbers are drawn at the call, from the host generator's state, so
+    # that get_rng_state() and the next draw see it advanced at once (as
+    # CUDA's launch reserves its Philox offset); they reach the tensor in
+    # stream order, after the work queued before.
+    fn = RANDOM_DRAWS[name]
+    dtype = torch.int64 if name == "randperm" else torch.float32
+    cpu = torch.zeros(64, 64, dtype=dtype)
+    t = torch.zeros(64, 64, dtype=dtype, device=DEVICE)
+    generator = torch.openreg.default_generators[torch.openreg.current_device()]
+    torch.manual_seed(7)
+    generator.manual_seed(7)
+    fn(cpu)
+    expected_state = torch.get_rng_state()
+    busy()
+    count = queued()
+    _, launch_ms = elapsed(lambda: fn(t))
+    assert torch.equal(generator.get_state(), expected_state)  # advanced at the call
+    assert (queued() > count) is not BLOCKING
+    _, sync_ms = elapsed(torch.openreg.synchronize)
+    assert_waited(launch_ms, sync_ms)
+    assert torch.equal(t.cpu(), cpu)
+
+
+def test_a_random_draw_lands_after_the_queued_work_that_reads_the_tensor():
+    # A kernel queued before the draw reads the old values; the draw
+    # overwrites them only after it ran.
+    t = torch.ones(1 << 16, device=DEVICE)
+    launched_before(lambda: t * 2)
+    busy()
+    doubled = t * 2
+    t.uniform_()
+    assert torch.equal(doubled.cpu(), torch.full((1 << 16,), 2.0))
+    assert bool(((t >= 0) & (t < 1)).all())
+
+
+def test_a_queued_kernel_error_names_the_line_that_launched_it():
+    a = torch.tensor([5, 6], device=DEVICE)
+    zero = torch.zeros_like(a)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    busy(50)  # queued, not run at once
+    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
+        with pytest.raises(torch.AcceleratorError) as raised:
+            torch.openreg.synchronize()
+        launch_line = test_a_queued_kernel_error_names_the_line_that_launched_it.__code__.co_firstlineno + 5
+        assert f"the kernel was launched from {__file__}:{launch_line} in " in str(raised.value)
+
+
+def test_a_small_kernel_error_names_the_line_that_launched_it():
+    a = torch.tensor([5, 6], device=DEVICE)
+    zero = torch.zeros_like(a)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
+        with pytest.raises(torch.AcceleratorError) as raised:
+            torch.openreg.synchronize()
+        launch_line = test_a_small_kernel_error_names_the_line_that_launched_it.__code__.co_firstlineno + 4
+        assert f"the kernel was launched from {__file__}:{launch_line} in " in str(raised.value)
 
 
 def test_a_cpu_kernel_learns_the_results_of_each_new_geometry_at_once():

@@ -8,9 +8,11 @@ openreg's CPU aliases (docs/compile.md).
 
 import copy
 import gc
+import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ from torch_openreg.openreg._dynamo import OpenRegInterface
 
 F = torch.nn.functional
 
-KERNEL_CALL = "(*openreg_host_aliases(("
+KERNEL_CALL = "(*openreg_kernel_arguments("
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +60,7 @@ def assert_ran_cpp_kernels(source, count=None):
     assert metrics.generated_kernel_count >= 1, "Inductor generated no kernel"
     if count is not None:
         assert metrics.generated_kernel_count == count
-    assert "async_compile.cpp_pybinding" in source
+    assert "openreg_cpp_pybinding(async_compile, " in source, "openreg's bindings launch the C++ kernels"
     assert KERNEL_CALL in source, "the wrapper must call C++ kernels on CPU aliases"
 
 
@@ -131,8 +133,11 @@ def test_float16_is_computed_as_on_cpu():
 
 
 def cpp_kernels(source):
-    """The C++ source of each kernel of a wrapper module, in order."""
-    return re.findall(r"async_compile\.cpp_pybinding\(.*?'''\)", source, re.S)
+    """The C++ source of each kernel of a wrapper module, in order (with its argument
+    types): CPU's wrapper loads it with async_compile.cpp_pybinding, openreg's with
+    openreg_cpp_pybinding(async_compile, ...)."""
+    return re.findall(r"(?:async_compile\.cpp_pybinding\(|openreg_cpp_pybinding\(async_compile, )(.*?'''\))",
+                      source, re.S)
 
 
 def compile_on_cpu_and_openreg(fn, *args_cpu):
@@ -250,7 +255,7 @@ def test_dynamic_shapes_compile_once_for_all_sizes():
     compiled = torch.compile(fn, dynamic=True)
     _, (source,) = run_and_get_code(compiled, torch.randn(5, 7).openreg())
     # The sizes are kernel arguments (symbols such as s77), not constants.
-    call_args = source.split(KERNEL_CALL)[1].split(")")[0]
+    call_args = source.split(KERNEL_CALL)[1].split(", (")[1].split(")")[0]
     assert re.search(r"\bs\d+\b", call_args), call_args
     for n in (3, 11, 20):
         x_cpu = torch.randn(n, n + 1)
@@ -303,6 +308,36 @@ def test_compiled_kernel_runs_after_copies_queued_on_the_stream():
     dst.copy_(src, non_blocking=True)  # ... so this copy is still queued behind it
     out = compiled(dst)  # the kernel must join the stream before reading dst
     torch.testing.assert_close(out.cpu(), src * 3 + 1)
+
+
+def test_a_compiled_kernel_is_queued_and_the_call_returns_before_it_runs():
+    # Generated kernels launch like eager ones (docs/compile.md, "Launches"):
+    # behind queued work the compiled call returns at once, its kernel queued on
+    # the stream; with OPENREG_LAUNCH_BLOCKING=1 each kernel runs before the
+    # call returns.
+    blocking = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") == "1"
+
+    def fn(x):
+        return (x.cos() * 2).relu()
+
+    compiled = torch.compile(fn)
+    x = torch.randn(256, 256, device="openreg")  # above the size run at once on an idle stream
+    compiled(x)
+    torch.openreg.synchronize()
+    stream = torch.openreg.current_stream()
+    queued = lambda: torch.openreg._C._stream_queued_count(stream.stream_id, stream.device_index)  # noqa: E731
+    torch.openreg._sleep(300)
+    count = queued()
+    start = time.perf_counter()
+    out = compiled(x)
+    launch_ms = (time.perf_counter() - start) * 1e3
+    assert (queued() > count) is not blocking
+    start = time.perf_counter()
+    torch.openreg.synchronize()
+    sync_ms = (time.perf_counter() - start) * 1e3
+    waited, returned_at_once = (launch_ms, sync_ms) if blocking else (sync_ms, launch_ms)
+    assert returned_at_once < 150 and waited > 75, (launch_ms, sync_ms)
+    torch.testing.assert_close(out.cpu(), fn(x.cpu()))
 
 
 def test_in_place_update_of_an_input_writes_device_memory():

@@ -124,6 +124,8 @@ def test_bound_roots_have_opinfo_samples_or_are_listed_here():
         # tests/test_generators.py draws each against CPU's stream of the same seed.
         "uniform_", "normal_", "normal", "bernoulli", "bernoulli_", "random_", "exponential_", "multinomial",
         "randperm",
+        # tests/test_async.py draws each against CPU's numbers of the same seed.
+        "cauchy_", "log_normal_", "geometric_",
         # tests/test_training.py and the backward tables below.
         "convolution_backward", "max_pool2d_with_indices_backward", "avg_pool2d_backward",
         "_adaptive_avg_pool2d_backward", "native_batch_norm_backward", "native_layer_norm_backward",

@@ -82,6 +82,27 @@ c10::SmallVector<const at::Tensor*, 8> flat_tensors(c10::ArrayRef<c10::IValue> v
   return out;
 }
 
+// Where a written operand's elements are. A queued kernel may not move or
+// reshape a written operand (the first call of its key did not), so the call
+// that learns and the kernel both compare it before and after.
+struct Placement {
+  const void* data = nullptr;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t offset = 0;
+  bool empty = false; // no memory yet (an at::empty({0}) out=)
+
+  static Placement of(const at::Tensor& t) {
+    return {t.storage().data(), c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
+            c10::SmallVector<int64_t, 5>(t.strides().begin(), t.strides().end()), t.storage_offset(),
+            t.storage().nbytes() == 0};
+  }
+  bool holds(const at::Tensor& t) const {
+    return t.storage().data() == data && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+        t.storage_offset() == offset;
+  }
+};
+
 // --- What a call returns, learnt from the first call of its key ---
 
 struct LearntResult {
@@ -346,10 +367,10 @@ const char* interned_name(const c10::OperatorName& name) {
 // Only torch's own operators (aten) are queued: another library's operator may
 // have a CPU kernel written in Python, which would need the GIL on the
 // stream's worker.
-bool never_queued(const c10::OperatorHandle& op) {
+bool never_queued(const c10::OperatorHandle& op, Draws draws) {
   return op.operator_name().getNamespace() != std::optional<std::string_view>("aten") ||
       op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
-      op.hasTag(at::Tag::nondeterministic_seeded);
+      (draws == Draws::kByTags && op.hasTag(at::Tag::nondeterministic_seeded));
 }
 
 bool same_geometry(const at::Tensor& t, const LearntResult& r) {
@@ -365,16 +386,10 @@ struct QueuedCpuKernel {
   c10::DispatchKey kernel_key;
   torch::jit::Stack stack; // the arguments
   size_t returns = 0;
-  // The views of the operands, in flat_tensors order; for written ones, where
-  // their memory and geometry were.
+  // The views of the operands, in flat_tensors order; for written ones, by
+  // index, where they were.
   std::vector<at::Tensor> operands;
-  struct Written {
-    size_t operand;
-    const void* data;
-    c10::SmallVector<int64_t, 5> sizes;
-    c10::SmallVector<int64_t, 5> strides;
-  };
-  c10::SmallVector<Written, 2> written;
+  c10::SmallVector<std::pair<size_t, Placement>, 2> written;
   // Per learnt result: a CPU view of its memory at kernel addresses (fresh ones).
   std::vector<KernelTensorMeta> planned;
   std::shared_ptr<LearntReturns> learnt;
@@ -388,8 +403,13 @@ struct QueuedCpuKernel {
         blocks.push_back({m.data, m.nbytes});
       }
     }
-    std::vector<std::pair<size_t, at::Tensor>> elsewhere; // results not made in their planned memory
-    c10::SmallVector<bool, 4> in_planned;
+    // Results not made in their planned memory.
+    struct Elsewhere {
+      size_t result;
+      at::Tensor tensor;
+      bool in_planned; // in another result's
+    };
+    std::vector<Elsewhere> elsewhere;
     {
       const PlannedCpuAllocations planning(std::move(blocks));
       {
@@ -398,11 +418,9 @@ struct QueuedCpuKernel {
         const c10::WarningUtils::WarningHandlerGuard quiet(&no_warnings());
         op.redispatchBoxed(c10::DispatchKeySet(kernel_key), &stack);
       }
-      for (const Written& w : written) {
-        const at::Tensor& t = operands[w.operand];
+      for (const auto& [k, placement] : written) {
         TORCH_CHECK(
-            t.storage().data() == w.data && t.sizes().equals(w.sizes) && t.strides().equals(w.strides),
-            learnt->name, ": the CPU kernel resized or moved a written operand, which a queued kernel cannot "
+            placement.holds(operands[k]), learnt->name, ": the CPU kernel resized or moved a written operand, which a queued kernel cannot "
             "do (the first call with these shapes did not). This is an openreg bug; OPENREG_LAUNCH_BLOCKING=1 "
             "runs every kernel at once.");
       }
@@ -419,20 +437,19 @@ struct QueuedCpuKernel {
         } else {
           check(t.defined() && t.sizes().equals(r.sizes) && t.dtype() == r.dtype, t, r);
           if (t.storage().data() != planned[i].data || !same_geometry(t, r)) {
-            elsewhere.emplace_back(i, t);
-            in_planned.push_back(planning.inside(t.storage().data()));
+            elsewhere.push_back({i, t, planning.inside(t.storage().data())});
           }
         }
       }
     }
     // A result made in another result's planned memory moves out first.
-    for (size_t j = 0; j < elsewhere.size(); ++j) {
-      if (in_planned[j]) {
-        elsewhere[j].second = elsewhere[j].second.clone();
+    for (Elsewhere& e : elsewhere) {
+      if (e.in_planned) {
+        e.tensor = e.tensor.clone();
       }
     }
-    for (auto& [i, t] : elsewhere) {
-      kernel_view(planned[i]).copy_(t);
+    for (const Elsewhere& e : elsewhere) {
+      kernel_view(planned[e.result]).copy_(e.tensor);
     }
   }
 
@@ -465,9 +482,10 @@ struct QueuedCpuKernel {
 // operator's schema over the boxed stack, run at once or queued.
 class BoxedCpuKernelCall {
  public:
-  BoxedCpuKernelCall(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey kernel_key)
+  BoxedCpuKernelCall(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey kernel_key, Draws draws)
       : op_(op),
         kernel_key_(kernel_key),
+        draws_(draws),
         schema_(op.schema()),
         stack_(*stack),
         args_begin_(stack->size() - schema_.arguments().size()),
@@ -482,7 +500,7 @@ class BoxedCpuKernelCall {
       note(arguments[i], stack_[args_begin_ + i]);
     }
     std::optional<CallKey> key;
-    if (call_.may_queue() && !never_queued(op_)) {
+    if (call_.may_queue() && !never_queued(op_, draws_)) {
       call_.check(); // the argument errors CpuKernelCall raises come from the call
       key = call_key();
       if (key.has_value()) {
@@ -504,7 +522,10 @@ class BoxedCpuKernelCall {
     for (const at::Tensor* t : flat_tensors(arguments_on_stack())) {
       operands.push_back(*t);
     }
-    const std::vector<Geometry> written_before = written_geometry();
+    c10::SmallVector<std::pair<size_t, Placement>, 2> written_before;
+    for (size_t k : written_operands()) {
+      written_before.emplace_back(k, Placement::of(operands[k]));
+    }
     run_here();
     memo().learn(*key, learnt(operands, written_before));
   }
@@ -570,34 +591,15 @@ class BoxedCpuKernelCall {
 
   // --- learning ---
 
-  // A written operand's memory and geometry before the call.
-  struct Geometry {
-    at::Tensor tensor;
-    const void* data;
-    std::vector<int64_t> sizes;
-    std::vector<int64_t> strides;
-    int64_t offset;
-    size_t operand; // among flat_tensors
-    bool kept() const {
-      return tensor.storage().data() == data && tensor.sizes().equals(sizes) && tensor.strides().equals(strides) &&
-          tensor.storage_offset() == offset;
-    }
-    // Was empty, and is now contiguous over memory of its own: what resize_
-    // makes of it.
-    bool grown_from_empty() const {
-      return data == nullptr && tensor.is_contiguous() && tensor.storage_offset() == 0;
-    }
-  };
-
-  std::vector<Geometry> written_geometry() const {
-    std::vector<Geometry> out;
+  // The written operands that are tensors, by index among flat_tensors.
+  c10::SmallVector<size_t, 2> written_operands() const {
+    c10::SmallVector<size_t, 2> out;
     const auto& arguments = schema_.arguments();
     size_t k = 0;
     for (size_t i = 0; i < arguments.size(); ++i) {
       for_each_tensor(stack_[args_begin_ + i], [&](const at::Tensor& t) {
         if (is_written(arguments[i]) && t.defined()) {
-          const void* data = t.storage().nbytes() == 0 ? nullptr : t.storage().data();
-          out.push_back(Geometry{t, data, t.sizes().vec(), t.strides().vec(), t.storage_offset(), k});
+          out.push_back(k);
         }
         ++k;
       });
@@ -606,24 +608,25 @@ class BoxedCpuKernelCall {
   }
 
   // What the call that just ran returned, for later calls of its key; null if
-  // they cannot be queued: the kernel resized or moved a written operand, or
-  // returned a view of an operand, results sharing memory, or something
-  // other than tensors and tensor lists.
+  // they cannot be queued: the kernel resized or moved a written operand that
+  // had memory, or returned a view of an operand, results sharing memory, or
+  // something other than tensors and tensor lists.
   std::shared_ptr<LearntReturns> learnt(
-      const std::vector<at::Tensor>& operands, const std::vector<Geometry>& written_before) const {
+      const std::vector<at::Tensor>& operands,
+      const c10::SmallVector<std::pair<size_t, Placement>, 2>& written_before) const {
     auto out = std::make_shared<LearntReturns>();
-    for (const Geometry& g : written_before) {
-      if (g.grown_from_empty()) {
-        out->resized.emplace_back(g.operand, g.tensor.sizes().vec());
-      } else if (!g.kept()) {
+    for (const auto& [k, before] : written_before) {
+      const at::Tensor& t = operands[k];
+      if (before.empty && t.is_contiguous() && t.storage_offset() == 0) {
+        out->resized.emplace_back(k, t.sizes().vec()); // what resize_ makes of it
+      } else if (!before.holds(t)) {
         return nullptr;
       }
     }
     out->name = interned_name(schema_.operator_name());
-    const size_t returns = schema_.returns().size();
-    c10::SmallVector<const c10::StorageImpl*, 4> fresh_storages;
-    for (size_t i = stack_.size() - returns; i < stack_.size(); ++i) {
-      const c10::IValue& value = stack_[i];
+    const c10::ArrayRef<c10::IValue> returns =
+        c10::ArrayRef<c10::IValue>(stack_).slice(stack_.size() - schema_.returns().size());
+    for (const c10::IValue& value : returns) {
       if (value.isTensor()) {
         out->shape.push_back(-1);
       } else if (value.isTensorList()) {
@@ -631,20 +634,14 @@ class BoxedCpuKernelCall {
       } else {
         return nullptr;
       }
-      bool queueable = true;
-      for_each_tensor(value, [&](const at::Tensor& t) {
-        if (queueable) {
-          std::optional<LearntResult> r = learnt_result(t, operands, fresh_storages);
-          if (r.has_value()) {
-            out->results.push_back(std::move(*r));
-          } else {
-            queueable = false;
-          }
-        }
-      });
-      if (!queueable) {
+    }
+    c10::SmallVector<const c10::StorageImpl*, 4> fresh_storages;
+    for (const at::Tensor* t : flat_tensors(returns)) {
+      std::optional<LearntResult> r = learnt_result(*t, operands, fresh_storages);
+      if (!r.has_value()) {
         return nullptr;
       }
+      out->results.push_back(std::move(*r));
     }
     return out;
   }
@@ -691,8 +688,23 @@ class BoxedCpuKernelCall {
     for (const auto& [k, sizes] : learnt->resized) {
       at::_ops::resize_::call(*operands[k], c10::fromIntArrayRefSlow(sizes), std::nullopt);
     }
-    auto make = [&]() -> QueuedCpuKernel {
-      QueuedCpuKernel kernel{op_, kernel_key_, {}, schema_.returns().size(), {}, {}, {}, std::move(learnt)};
+    // The results, in the caller's order, and the kernel's plan of them.
+    std::vector<at::Tensor> results;
+    std::vector<KernelTensorMeta> planned;
+    for (const LearntResult& r : learnt->results) {
+      if (r.kind == LearntResult::kOperand) {
+        results.push_back(*operands[r.operand]);
+        planned.emplace_back();
+      } else if (r.kind == LearntResult::kFresh) {
+        results.push_back(fresh_result(device, r));
+        planned.push_back(kernel_cpu_tensor_meta(results.back()));
+      } else {
+        results.emplace_back();
+        planned.emplace_back();
+      }
+    }
+    launch_kernel_made(device, learnt->name, [&]() -> QueuedCpuKernel {
+      QueuedCpuKernel kernel{op_, kernel_key_, {}, schema_.returns().size(), {}, {}, std::move(planned), learnt};
       // The operands as views at kernel addresses (CPU ones copied): one per
       // distinct tensor, one storage per device storage.
       std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> storages;
@@ -726,46 +738,15 @@ class BoxedCpuKernelCall {
       for (const at::Tensor* t : operands) {
         kernel.operands.push_back(view_of(*t));
       }
-      size_t k = 0;
-      for (size_t i = 0; i < arguments.size(); ++i) {
-        for_each_tensor(stack_[args_begin_ + i], [&](const at::Tensor& t) {
-          if (is_written(arguments[i]) && t.defined()) {
-            const at::Tensor& v = kernel.operands[k];
-            kernel.written.push_back(
-                {k, v.storage().data(), c10::SmallVector<int64_t, 5>(v.sizes().begin(), v.sizes().end()),
-                 c10::SmallVector<int64_t, 5>(v.strides().begin(), v.strides().end())});
-          }
-          ++k;
-        });
+      for (size_t k : written_operands()) {
+        kernel.written.emplace_back(k, Placement::of(kernel.operands[k]));
       }
-      return kernel;
-    };
-    // The results, in the caller's order, and the kernel's plan of them.
-    std::vector<at::Tensor> results;
-    std::vector<KernelTensorMeta> planned;
-    for (const LearntResult& r : learnt->results) {
-      if (r.kind == LearntResult::kOperand) {
-        results.push_back(*operands[r.operand]);
-        planned.emplace_back();
-      } else if (r.kind == LearntResult::kFresh) {
-        results.push_back(fresh_result(device, r));
-        planned.push_back(kernel_cpu_tensor_meta(results.back()));
-      } else {
-        results.emplace_back();
-        planned.emplace_back();
-      }
-    }
-    const c10::SmallVector<int64_t, 2> shape = learnt->shape;
-    const char* name = learnt->name;
-    launch_kernel_made(device, name, [&]() -> QueuedCpuKernel {
-      QueuedCpuKernel kernel = make();
-      kernel.planned = std::move(planned);
       return kernel;
     });
     // The caller's stack: its arguments out, the results in.
     torch::jit::drop(stack_, arguments.size());
     size_t next = 0;
-    for (int64_t n : shape) {
+    for (int64_t n : learnt->shape) {
       if (n < 0) {
         stack_.emplace_back(std::move(results[next++]));
       } else {
@@ -791,6 +772,7 @@ class BoxedCpuKernelCall {
 
   const c10::OperatorHandle& op_;
   const c10::DispatchKey kernel_key_;
+  const Draws draws_;
   const c10::FunctionSchema& schema_;
   torch::jit::Stack& stack_;
   const size_t args_begin_;
@@ -799,8 +781,12 @@ class BoxedCpuKernelCall {
 
 } // namespace
 
-void run_cpu_kernel_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey kernel_key) {
-  BoxedCpuKernelCall(op, stack, kernel_key).run();
+void run_cpu_kernel_boxed(
+    const c10::OperatorHandle& op,
+    torch::jit::Stack* stack,
+    c10::DispatchKey kernel_key,
+    Draws draws) {
+  BoxedCpuKernelCall(op, stack, kernel_key, draws).run();
 }
 
 c10::OperatorHandle cpu_kernel_operator(const char* name, const char* overload) {
@@ -809,6 +795,10 @@ c10::OperatorHandle cpu_kernel_operator(const char* name, const char* overload) 
 
 void detail::boxed_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_cpu_kernel_boxed(op, stack, c10::DispatchKey::CPU);
+}
+
+void detail::boxed_cpu_kernel_drawing_nothing(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_cpu_kernel_boxed(op, stack, c10::DispatchKey::CPU, Draws::kNone);
 }
 
 } // namespace openreg

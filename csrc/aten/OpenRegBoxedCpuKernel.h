@@ -25,23 +25,36 @@
 
 namespace openreg {
 
+// Whether a call may draw random numbers, which is never queued: as the
+// operator's tags say (nondeterministic_seeded), or not at all, as the caller
+// knows from the arguments (CPU's flash attention without dropout).
+enum class Draws { kByTags, kNone };
+
 // Runs `op`'s `kernel_key` kernel (CPU, or NestedTensorCPU for nested
 // tensors) on CPU aliases of the openreg tensors on `stack`, replacing its
 // arguments by its results: at once, or queued as above.
-void run_cpu_kernel_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey kernel_key);
+void run_cpu_kernel_boxed(
+    const c10::OperatorHandle& op,
+    torch::jit::Stack* stack,
+    c10::DispatchKey kernel_key,
+    Draws draws = Draws::kByTags);
 
 // The handle of operator `name`.`overload` (for launch_cpu_kernel).
 c10::OperatorHandle cpu_kernel_operator(const char* name, const char* overload);
 
 namespace detail {
 void boxed_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void boxed_cpu_kernel_drawing_nothing(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 } // namespace detail
 
-// For a cpu_kernels wrapper (signature Sig) whose kernel may be queued:
-// run_cpu_kernel_boxed on its arguments, boxed, and its results unboxed.
-template <class Sig, class... Args>
+// For a cpu_kernels wrapper (signature Sig) whose kernel may be queued, and
+// for openreg kernels that run another operator's CPU kernel (fused
+// attention): run_cpu_kernel_boxed of `op`'s CPU kernel on the arguments,
+// boxed, and its results unboxed.
+template <class Sig, Draws draws = Draws::kByTags, class... Args>
 decltype(auto) launch_cpu_kernel(const c10::OperatorHandle& op, Args&&... args) {
-  static const c10::BoxedKernel kernel = c10::BoxedKernel::makeFromFunction<&detail::boxed_cpu_kernel>();
+  static const c10::BoxedKernel kernel = c10::BoxedKernel::makeFromFunction<
+      draws == Draws::kNone ? &detail::boxed_cpu_kernel_drawing_nothing : &detail::boxed_cpu_kernel>();
   return c10::impl::BoxedKernelWrapper<Sig>::call(
       kernel, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
 }

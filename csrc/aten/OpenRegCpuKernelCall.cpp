@@ -199,7 +199,7 @@ bool CpuKernelCall::may_queue() const {
   if (!device_ || cpu_results_ || inside_kernel() || launch_blocking()) {
     return false;
   }
-  return work_ >= kSmallKernel || queue_all_kernels() || !current_stream_idle(device_->index());
+  return !small_kernel_on_idle_stream(device_->index(), work_);
 }
 
 void CpuKernelCall::begin() {

@@ -2,8 +2,11 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/StringUtil.h>
 
 #include <array>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "aten/OpenRegDevice.h"
@@ -84,6 +87,46 @@ int detail::read_launch_switches() {
   return read;
 }
 
+std::string detail::with_launch_site(const char* message, const char* site) {
+  return site == nullptr ? std::string(message) : c10::str(message, "\n(the kernel was launched from ", site, ")");
+}
+
+void set_launch_site_function(LaunchSiteFn fn) {
+  detail::launch_site_fn.store(fn, std::memory_order_relaxed);
+}
+
+namespace {
+thread_local HostKernelLaunch next_host_kernel;
+
+// A host kernel's closure, owned: released once, where the kernel is.
+class HostKernel {
+ public:
+  HostKernel(void (*run)(void*), void* closure, void (*release)(void*)) : run_(run), closure_(closure), release_(release) {}
+  HostKernel(HostKernel&& other) noexcept
+      : run_(other.run_), closure_(std::exchange(other.closure_, nullptr)), release_(other.release_) {}
+  HostKernel(const HostKernel&) = delete;
+  HostKernel& operator=(const HostKernel&) = delete;
+  HostKernel& operator=(HostKernel&&) = delete;
+  ~HostKernel() {
+    if (closure_ != nullptr) {
+      release_(closure_);
+    }
+  }
+  void operator()() {
+    run_(closure_);
+  }
+
+ private:
+  void (*run_)(void*);
+  void* closure_;
+  void (*release_)(void*);
+};
+} // namespace
+
+void set_next_host_kernel(const HostKernelLaunch& launch) {
+  next_host_kernel = launch;
+}
+
 void record_kernel_failure(c10::DeviceIndex device, const char* name, const char* message) {
   OPENREG_CHECK(orStreamRecordFailure(current_raw_stream(device), name, message));
 }
@@ -159,3 +202,13 @@ at::Tensor kernel_tensor_argument(const at::TensorBase& t) {
 }
 
 } // namespace openreg
+
+extern "C" void openreg_launch_host_kernel(void (*run)(void*), void* closure, void (*release)(void*)) {
+  const openreg::HostKernelLaunch launch = std::exchange(openreg::next_host_kernel, openreg::HostKernelLaunch{});
+  openreg::HostKernel kernel(run, closure, release);
+  if (launch.device < 0 || launch.at_once) {
+    kernel();
+    return;
+  }
+  openreg::launch_kernel(launch.device, launch.name, launch.work, std::move(kernel));
+}

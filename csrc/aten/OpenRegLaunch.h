@@ -149,16 +149,21 @@ struct RunningKernel {
 void* allocate_kernel(size_t bytes);
 void free_kernel(void* block, size_t bytes) noexcept;
 
+// `message`, and where the kernel was launched if `site` is known.
+std::string with_launch_site(const char* message, const char* site);
+
 // A kernel's body as the runtime runs it: below autograd (a kernel's own
-// tensor calls, a cast say, are not recorded), a c10::Error as the
-// runtime's failure without c10's C++ backtrace.
+// tensor calls, a cast say, are not recorded); a failure as the runtime's,
+// without c10's C++ backtrace, saying where the kernel was launched.
 template <typename Body>
-void run_body(Body& body) {
+void run_body(Body& body, const char* site) {
   const c10::impl::ExcludeDispatchKeyGuard below_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
   try {
     body();
   } catch (const c10::Error& e) {
-    throw std::runtime_error(e.what_without_backtrace());
+    throw std::runtime_error(with_launch_site(e.what_without_backtrace(), site));
+  } catch (const std::exception& e) {
+    throw std::runtime_error(with_launch_site(e.what(), site));
   }
 }
 
@@ -166,6 +171,7 @@ template <typename Body>
 struct QueuedKernel {
   Body body;
   int threads;
+  const char* site; // launch_site() of the launch
   // While the profiler observes: what it records of the kernel's run.
   std::unique_ptr<trace::QueuedKernel> profiled;
 
@@ -190,10 +196,10 @@ struct QueuedKernel {
           trace::queued_kernel_ran(kernel);
         }
       } ran{*kernel.profiled};
-      run_body(kernel.body);
+      run_body(kernel.body, kernel.site);
       return;
     }
-    run_body(kernel.body);
+    run_body(kernel.body, kernel.site);
   }
 
   static void release(void* self) {
@@ -202,6 +208,21 @@ struct QueuedKernel {
 };
 
 } // namespace detail
+
+// Where the calling thread launches a kernel from, for the error its failure
+// raises at a later call: "file:line in function" of the innermost Python
+// frame (static storage), or nullptr when the thread runs no Python code (an
+// autograd thread) or nothing says. csrc/python installs the function
+// (set_launch_site_function); the launch layer knows no Python.
+using LaunchSiteFn = const char* (*)();
+void set_launch_site_function(LaunchSiteFn fn);
+namespace detail {
+inline std::atomic<LaunchSiteFn> launch_site_fn{nullptr};
+} // namespace detail
+inline const char* launch_site() {
+  const LaunchSiteFn fn = detail::launch_site_fn.load(std::memory_order_relaxed);
+  return fn != nullptr ? fn() : nullptr;
+}
 
 // True where a launch must run at once: in a kernel, queued or run by the
 // calling thread in stream order (run_kernel_inline, run_small_kernel_if_idle).
@@ -247,6 +268,12 @@ inline bool queue_all_kernels() {
 // failure becomes the current stream's, reported like a queued kernel's.
 void record_kernel_failure(c10::DeviceIndex device, const char* name, const char* message);
 
+// Whether a kernel of `work` elements on `device` runs at once rather than
+// queued: small, on an idle current stream, without OPENREG_QUEUE_ALL_KERNELS=1.
+inline bool small_kernel_on_idle_stream(c10::DeviceIndex device, int64_t work) {
+  return work < kSmallKernel && !queue_all_kernels() && current_stream_idle(device);
+}
+
 // Runs body() in the calling thread if `work` (elements) is small and the
 // current stream of `device` has nothing queued, as a device that completes
 // it before the launch returns would: a failure becomes the stream's,
@@ -254,7 +281,7 @@ void record_kernel_failure(c10::DeviceIndex device, const char* name, const char
 // running it, if it must be queued (or OPENREG_QUEUE_ALL_KERNELS=1).
 template <typename F>
 bool run_small_kernel_if_idle(c10::DeviceIndex device, const char* name, int64_t work, F& body) {
-  if (work >= kSmallKernel || queue_all_kernels() || !current_stream_idle(device)) {
+  if (!small_kernel_on_idle_stream(device, work)) {
     return false;
   }
   if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
@@ -265,9 +292,9 @@ bool run_small_kernel_if_idle(c10::DeviceIndex device, const char* name, int64_t
   try {
     body();
   } catch (const c10::Error& e) {
-    record_kernel_failure(device, name, e.what_without_backtrace());
+    record_kernel_failure(device, name, detail::with_launch_site(e.what_without_backtrace(), launch_site()).c_str());
   } catch (const std::exception& e) {
-    record_kernel_failure(device, name, e.what());
+    record_kernel_failure(device, name, detail::with_launch_site(e.what(), launch_site()).c_str());
   }
   return true;
 }
@@ -287,7 +314,7 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
     return;
   }
   using Kernel = detail::QueuedKernel<decltype(make())>;
-  auto* kernel = new Kernel{make(), at::get_num_threads(), nullptr};
+  auto* kernel = new Kernel{make(), at::get_num_threads(), launch_site(), nullptr};
   orStream_t stream = current_raw_stream(device);
   if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
     // The profiler records the kernel when it runs, not the launching call.
@@ -307,6 +334,20 @@ void launch_kernel(c10::DeviceIndex device, const char* name, int64_t work, F&& 
   }
   launch_kernel_made(device, name, [&]() -> std::decay_t<F> { return std::forward<F>(body); });
 }
+
+// Where the next host kernel launched by this thread goes
+// (openreg_launch_host_kernel): Inductor's generated kernels, whose Python
+// binding calls that function right after the wrapper's kernel_arguments
+// (csrc/python) set this. `device` < 0 or `at_once`: run at once (CPU
+// tensors among the kernel's arguments, whose memory is not stream-ordered;
+// the caller joined the streams involved).
+struct HostKernelLaunch {
+  c10::DeviceIndex device = -1;
+  bool at_once = true;
+  int64_t work = 0; // elements, for run_small_kernel_if_idle
+  const char* name = "inductor kernel"; // static storage
+};
+void set_next_host_kernel(const HostKernelLaunch& launch);
 
 // Combinations of operand dtypes a kernel has run with once: CPU's kernels
 // choose their loop by dtype (AT_DISPATCH) inside the kernel, where CUDA's
@@ -569,3 +610,11 @@ std::array<at::Tensor, N> cpu_tensors_of(const std::array<at::Tensor, N>& tensor
 }
 
 } // namespace openreg
+
+// Launches run(closure), host code compiled outside openreg (an Inductor
+// kernel's binding, torch_openreg/openreg/_inductor.py), as set by
+// set_next_host_kernel: queued on the current stream of its device, or at
+// once. release(closure) frees the closure after it ran. C linkage: the
+// binding, built without torch's headers, gets its address from the
+// environment (_OPENREG_LAUNCH_HOST_KERNEL).
+extern "C" void openreg_launch_host_kernel(void (*run)(void*), void* closure, void (*release)(void*));

@@ -8,13 +8,20 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/dynamo/cpython_includes.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_numbers.h>
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "aten/OpenRegAllocator.h"
 #include "aten/OpenRegDevice.h"
@@ -22,6 +29,7 @@
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegGpuTrace.h"
+#include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
@@ -138,6 +146,53 @@ py::list cpu_aliases(const py::sequence& args) {
   return out;
 }
 
+// The arguments of an Inductor C++ kernel of an openreg graph (the call the
+// generated wrapper makes, torch_openreg/openreg/_inductor.py): each openreg
+// tensor replaced by its CPU alias, from which the kernel's Python binding
+// reads the pointers it passes, and where to launch the kernel, for the
+// binding's call of openreg_launch_host_kernel that follows in this thread:
+// queued on the current stream of the tensors' device (the largest tensor's
+// size as its work), or, if the kernel also takes CPU tensors (host memory is
+// not stream-ordered) or tensors of two devices, at once after joining their
+// streams, as _host_aliases does. `name` names the kernel in errors and
+// profiles.
+py::list kernel_arguments(const std::string& name, const py::sequence& args) {
+  static auto* names = new std::unordered_set<std::string>(); // leaked; the GIL guards it
+  openreg::HostKernelLaunch launch;
+  launch.name = names->insert(name).first->c_str();
+  bool host_tensors = false;
+  std::vector<c10::DeviceIndex> devices;
+  py::list out;
+  for (py::handle arg : args) {
+    if (!THPVariable_Check(arg.ptr())) {
+      out.append(arg);
+      continue;
+    }
+    const at::Tensor& t = THPVariable_Unpack(arg.ptr());
+    if (!t.defined() || !t.is_privateuseone()) {
+      host_tensors = host_tensors || t.defined();
+      out.append(arg);
+      continue;
+    }
+    const c10::DeviceIndex device = t.device().index();
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+      devices.push_back(device);
+    }
+    launch.device = device;
+    launch.work = std::max<int64_t>(launch.work, t.numel());
+    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::cpu_alias(t))));
+  }
+  // Two devices: no one stream orders the kernel.
+  launch.at_once = host_tensors || devices.size() > 1;
+  if (launch.at_once) {
+    for (const c10::DeviceIndex device : devices) {
+      openreg::join_current_stream(device);
+    }
+  }
+  openreg::set_next_host_kernel(launch);
+  return out;
+}
+
 // Inductor's allocation call in generated wrappers, the openreg counterpart of
 // the empty_strided_cpu / empty_strided_cuda it emits for those devices
 // (torch/csrc/dynamo/guards.cpp): sizes and strides as tuples of ints, a
@@ -178,12 +233,83 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
                              "_empty_strided(size, stride, dtype, index): an uninitialised openreg tensor "
                              "(Inductor's generated wrappers)."};
 
+// The launch site of a queued kernel (openreg::launch_site): the innermost
+// Python frame of the launching thread, "file:line in function". torch's
+// bindings release the GIL around an operator, and taking it again on every
+// launch would wait for whichever thread runs Python, so the frame is read
+// from the thread's own state, as torch's dynamo reads frames
+// (cpython_includes.h): the thread is inside this call, so its frames stay as
+// they are and each holds its code object. Sites are kept by (code object,
+// instruction); the first launch from a site takes the GIL once to name it
+// and references the code object, so that its address is not reused. A
+// thread without Python frames (autograd's) has no site. A program has few
+// sites; past kMaxSites new ones go unnamed rather than grow the table.
+const char* python_launch_site() {
+  PyThreadState* thread = PyGILState_GetThisThreadState();
+  if (thread == nullptr) {
+    return nullptr; // a thread Python never ran on
+  }
+#if PY_VERSION_HEX >= 0x030D0000
+  _PyInterpreterFrame* frame = thread->current_frame;
+#else
+  _PyInterpreterFrame* frame = thread->cframe->current_frame;
+#endif
+  while (frame != nullptr && _PyFrame_IsIncomplete(frame)) {
+    frame = frame->previous;
+  }
+  if (frame == nullptr) {
+    return nullptr;
+  }
+  PyCodeObject* code = F_CODE(frame);
+  const int offset = static_cast<int>(
+      reinterpret_cast<const char*>(PREV_INSTR(frame)) - reinterpret_cast<const char*>(_PyCode_CODE(code)));
+  const std::pair<PyCodeObject*, int> key(code, offset);
+  struct Hash {
+    size_t operator()(const std::pair<PyCodeObject*, int>& k) const {
+      return std::hash<const void*>()(k.first) * 31 + static_cast<size_t>(k.second);
+    }
+  };
+  constexpr size_t kMaxSites = 1 << 16;
+  static std::mutex mutex;
+  static auto* sites = new std::unordered_map<std::pair<PyCodeObject*, int>, std::string, Hash>(); // leaked
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = sites->find(key);
+    if (found != sites->end()) {
+      return found->second.c_str(); // never erased: stays valid
+    }
+    if (sites->size() >= kMaxSites) {
+      return nullptr;
+    }
+  }
+  std::string site;
+  {
+    const pybind11::gil_scoped_acquire gil;
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    const char* function = PyUnicode_AsUTF8(code->co_qualname);
+    if (file == nullptr || function == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    site = c10::str(file, ":", PyCode_Addr2Line(code, offset), " in ", function);
+    Py_INCREF(code); // the table's: the address names this code object only
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto [entry, added] = sites->emplace(key, std::move(site));
+  if (!added) {
+    const pybind11::gil_scoped_acquire gil; // another thread named it meanwhile
+    Py_DECREF(code);
+  }
+  return entry->second.c_str();
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
   // Before anything can run an openreg operator: CpuKernelCall relies on it.
   openreg::install_cpu_allocator_redirect();
   openreg::gpu_trace::python_error_pending() = [] { return PyGILState_Check() != 0 && PyErr_Occurred() != nullptr; };
+  openreg::set_launch_site_function(&python_launch_site);
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
   m.def("_check_config", [] {
@@ -270,6 +396,10 @@ PYBIND11_MODULE(_C, m) {
         "Device activities recorded and not yet handed to a profiler session.");
   m.def("_host_aliases", &cpu_aliases,
         "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
+  m.def("_kernel_arguments", &kernel_arguments,
+        "The arguments of an Inductor kernel, openreg tensors as CPU aliases, and where the kernel launches.");
+  m.def("_launch_host_kernel_address", [] { return reinterpret_cast<uintptr_t>(&openreg_launch_host_kernel); },
+        "The address of openreg_launch_host_kernel, for Inductor kernels' bindings.");
   m.add_object("_empty_strided", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr())));
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }

@@ -1,4 +1,4 @@
-"""Inductor code generation for openreg: torch's C++ CPU kernels, run on CPU aliases.
+"""Inductor code generation for openreg: torch's C++ CPU kernels, launched on the stream.
 
 An openreg kernel is a CPU kernel run on device memory (docs/architecture.md), so
 Inductor's C++ backend (``CppScheduling``: vectorised, OpenMP-parallel loops) already
@@ -8,14 +8,19 @@ that ``CppPythonBindingsCodeCache`` compiles around it reads ``data_ptr()``, whi
 an openreg tensor is a device-view address CPU code must not touch
 (docs/runtime.md). ``OpenRegWrapperCodegen`` therefore emits each C++ kernel call as
 
-    cpp_fused_add_relu_0(*openreg_host_aliases((arg0_1, buf0, 8)))
+    cpp_fused_add_relu_0(*openreg_kernel_arguments('cpp_fused_add_relu_0', (arg0_1, buf0, 8)))
 
-``torch_openreg._C._host_aliases`` replaces every openreg tensor by a CPU tensor over
-the same bytes at their kernel-view address (other arguments pass through) after
-joining the current stream of each device involved, so the kernel runs after the
-copies queued before it, exactly where an eager openreg kernel would. Everything else
-in the wrapper already works on openreg tensors. Buffers come from the openreg caching
-allocator through ``torch_openreg._C._empty_strided``, the counterpart of the
+``torch_openreg._C._kernel_arguments`` replaces every openreg tensor by a CPU tensor
+over the same bytes at their kernel-view address (other arguments pass through) and
+tells openreg where the kernel goes. The binding (``OpenRegPythonBindingsCodeCache``)
+parses the arguments as torch's does, then, instead of calling the kernel, hands it
+with its arguments to openreg's ``openreg_launch_host_kernel``, which queues it on the
+current stream of the tensors' device, after the work queued before it, exactly where
+an eager openreg kernel would go (a small kernel on an idle stream runs at once, and a
+kernel that also takes CPU tensors, whose memory is not stream-ordered, runs at once
+after the streams' work). Everything else in the wrapper already works on openreg
+tensors. Buffers come from the openreg caching allocator through
+``torch_openreg._C._empty_strided``, the counterpart of the
 ``empty_strided_cpu``/``empty_strided_cuda`` Inductor calls for those devices (see
 ``make_allocation``), and extern kernels (``extern_kernels.mm``, fallback
 operators) are aten calls that dispatch to openreg.
@@ -36,6 +41,7 @@ The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) and the FX wrap
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -45,17 +51,92 @@ from torch._inductor.codegen.common import (
     register_device_op_overrides,
 )
 from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.async_compile import get_compile_threads
+from torch._inductor.codecache import CppPythonBindingsCodeCache, LambdaFuture
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.virtualized import V
 
+import torch_openreg._C as _C
 from torch_openreg.openreg import _fake_tensor, _inductor_lowering
 
 # The names the generated module calls; imported in its header.
-HOST_ALIASES = "openreg_host_aliases"
+KERNEL_ARGUMENTS = "openreg_kernel_arguments"
 EMPTY_STRIDED = "empty_strided_openreg"
-_IMPORTS = f"from torch_openreg._C import _host_aliases as {HOST_ALIASES}, _empty_strided as {EMPTY_STRIDED}"
+CPP_PYBINDING = "openreg_cpp_pybinding"
+_IMPORTS = (
+    f"from torch_openreg._C import _kernel_arguments as {KERNEL_ARGUMENTS}, _empty_strided as {EMPTY_STRIDED}\n"
+    f"from torch_openreg.openreg._inductor import cpp_pybinding as {CPP_PYBINDING}"
+)
+
+# Where the bindings find openreg_launch_host_kernel: the binding is built without
+# torch's headers and loaded apart from torch_openreg._C, so, as torch passes its
+# own helper to its bindings (_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR), the address
+# travels through the environment.
+_LAUNCH_ENV = "_OPENREG_LAUNCH_HOST_KERNEL"
+
+# Added to the binding after torch's parse_arg helpers (a format string: braces doubled).
+_LAUNCH_KERNEL = """
+// openreg: the kernel and its arguments handed to openreg_launch_host_kernel, which
+// queues them on the current stream of the tensors' device (or runs them at once).
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+typedef void (*openreg_closure_fn)(void*);
+template <typename... P, typename... V>
+static void openreg_launch_kernel(void (*fn)(P...), V... values) {{
+    typedef void (*launch_fn)(openreg_closure_fn, void*, openreg_closure_fn);
+    static const launch_fn launch = [] {{
+        const char* address = std::getenv("%s");
+        if (address == nullptr) {{
+            throw std::runtime_error("%s is not set: import torch_openreg before loading openreg kernels");
+        }}
+        return reinterpret_cast<launch_fn>(std::strtoull(address, nullptr, 10));
+    }}();
+    struct Closure {{
+        void (*fn)(P...);
+        std::tuple<std::decay_t<P>...> args;
+        static void run(void* self) {{
+            Closure* closure = static_cast<Closure*>(self);
+            std::apply(closure->fn, closure->args);
+        }}
+        static void release(void* self) {{
+            delete static_cast<Closure*>(self);
+        }}
+    }};
+    launch(&Closure::run, new Closure{{fn, std::tuple<std::decay_t<P>...>(values...)}}, &Closure::release);
+}}
+""" % (_LAUNCH_ENV, _LAUNCH_ENV)
+
+
+class OpenRegPythonBindingsCodeCache(CppPythonBindingsCodeCache):
+    """Inductor's C++ kernels with bindings that launch them on the openreg stream
+    instead of calling them (``openreg_launch_kernel`` above)."""
+
+    cache: dict[str, Any] = {}
+    call_entry_function = "openreg_launch_kernel(kernel, {}); Py_RETURN_NONE;"
+    extra_parse_arg = _LAUNCH_KERNEL
+
+    @staticmethod
+    def cache_clear() -> None:
+        OpenRegPythonBindingsCodeCache.cache.clear()
+
+    @classmethod
+    def _load_library_inner(cls, path: str, key: str) -> Any:
+        os.environ[_LAUNCH_ENV] = str(_C._launch_host_kernel_address())
+        return super()._load_library_inner(path, key)
+
+
+def cpp_pybinding(async_compile: Any, argtypes: list[str], source_code: str) -> Any:
+    """``AsyncCompile.cpp_pybinding`` with openreg's launching bindings: the call the
+    openreg wrapper emits in its place (``_OpenRegKernelCalls.define_kernel``)."""
+    if get_compile_threads() <= 1:
+        return OpenRegPythonBindingsCodeCache.load_pybinding(argtypes, source_code)
+    get_result = OpenRegPythonBindingsCodeCache.load_pybinding_async(
+        argtypes, source_code, submit_fn=async_compile.submit
+    )
+    return LambdaFuture(get_result)
 
 
 _CPU = torch.device("cpu")
@@ -100,10 +181,19 @@ class _OpenRegKernelCalls:
             )
         # Every C++ kernel of an openreg graph, including those of CPU tensors in
         # a mixed graph: they are all generated under the CPU device (see
-        # OpenRegScheduling), and CPU aliases pass CPU tensors through. The
-        # trailing comma keeps a one-argument tuple a tuple.
+        # OpenRegScheduling), and _kernel_arguments passes CPU tensors through
+        # (such a kernel runs at once). The trailing comma keeps a one-argument
+        # tuple a tuple.
         args = ", ".join(call_args)
-        self.writeline(f"{kernel_name}(*{HOST_ALIASES}(({args},))){self.ending}")  # type: ignore[attr-defined]
+        self.writeline(  # type: ignore[attr-defined]
+            f"{kernel_name}(*{KERNEL_ARGUMENTS}({kernel_name!r}, ({args},))){self.ending}"  # type: ignore[attr-defined]
+        )
+
+    def define_kernel(self, kernel_name: str, kernel_body: str, *args: Any, **kwargs: Any) -> Any:
+        # CppScheduling.define_kernel writes its C++ kernels as
+        # async_compile.cpp_pybinding(...); openreg's bindings launch them.
+        kernel_body = kernel_body.replace("async_compile.cpp_pybinding(", f"{CPP_PYBINDING}(async_compile, ", 1)
+        return super().define_kernel(kernel_name, kernel_body, *args, **kwargs)  # type: ignore[misc]
 
     def make_allocation(
         self, name: str, device: torch.device, dtype: torch.dtype, shape: Any, stride: Any,

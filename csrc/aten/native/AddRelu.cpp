@@ -4,8 +4,11 @@
 // a custom operator too; the generated autograd function connects them.
 //
 // The forward kernel is written the way a backend writes its own elementwise
-// kernel: a TensorIterator plus Loops.h. Loops.h compiles per CPU capability;
-// this file is built for the baseline one.
+// kernel: a TensorIterator built in the calling thread (its checks, type
+// promotion and output allocation raise and happen at the call), then the
+// loop launched on the current stream (launch_iterator_kernel), where
+// Loops.h's cpu_kernel_vec runs over the device memory's kernel addresses.
+// Loops.h compiles per CPU capability; this file is built for the baseline one.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
@@ -36,21 +39,26 @@ at::Tensor add_relu(const at::Tensor& self, const at::Tensor& other, const at::S
   TORCH_CHECK(
       iter.common_dtype() != at::kBool && !at::isComplexType(iter.common_dtype()),
       "openreg::add_relu: expected real, non-bool inputs, got ", self.scalar_type(), " and ", other.scalar_type());
-  AsCpuIterator cpu_iter(iter);
-  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "openreg::add_relu", [&] {
-    using Vec = at::vec::Vectorized<scalar_t>;
-    const auto a = alpha.to<scalar_t>();
-    const Vec a_vec(a);
-    const Vec zero(scalar_t(0));
-    at::native::cpu_kernel_vec(
-        iter,
-        [=](scalar_t x, scalar_t y) -> scalar_t {
-          const scalar_t sum = x + a * y;
-          return sum > scalar_t(0) ? sum : scalar_t(0);
-        },
-        [=](Vec x, Vec y) { return at::vec::maximum(x + a_vec * y, zero); });
+  static SeenDtypes seen;
+  launch_iterator_kernel(iter, seen, "openreg::add_relu", [alpha](at::TensorIterator& it) {
+    // Inputs cast to the common dtype, operands at kernel addresses: what
+    // CPU's loops expect (a CPU iterator casts its inputs when built).
+    AsCpuIterator cpu_iter(it);
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, it.common_dtype(), "openreg::add_relu", [&] {
+      using Vec = at::vec::Vectorized<scalar_t>;
+      const auto a = alpha.to<scalar_t>();
+      const Vec a_vec(a);
+      const Vec zero(scalar_t(0));
+      at::native::cpu_kernel_vec(
+          it,
+          [=](scalar_t x, scalar_t y) -> scalar_t {
+            const scalar_t sum = x + a * y;
+            return sum > scalar_t(0) ? sum : scalar_t(0);
+          },
+          [=](Vec x, Vec y) { return at::vec::maximum(x + a_vec * y, zero); });
+    });
+    cpu_iter.write_back();
   });
-  cpu_iter.write_back();
   return iter.output();
 }
 

@@ -13,12 +13,22 @@
 // (dropout, an attention mask that needs a gradient, shapes flash refuses)
 // takes torch's math path on the device, as on CPU; dropout there draws from
 // the device's generator (native_dropout, Dropout.cpp).
+//
+// Both kernels run like the `cpu_kernels` route's: at once for a small call
+// on an idle stream, else queued on the stream through CPU's operator
+// (launch_cpu_kernel, OpenRegBoxedCpuKernel.h), whose results' geometry the
+// first call of each shape learns. CPU's forward operator is tagged as
+// drawing random numbers (its dropout_p), which is never queued; without
+// dropout it draws none.
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegBoxedCpuKernel.h"
 #include "aten/OpenRegCpuKernelCall.h"
 
 namespace openreg::native {
@@ -59,24 +69,34 @@ scaled_dot_product_fused_attention_overrideable(
   call.note(key, "key");
   call.note(value, "value");
   call.note(attn_bias, "attn_bias");
+  // The sequence lengths of the variable-length (nested) form and the dropout
+  // seed are not used by a kernel without dropout or nested inputs: undefined
+  // tensors, as the Meta kernel (torch/_meta_registrations.py) returns Nones.
+  auto results = [&](at::Tensor output, at::Tensor logsumexp) {
+    return std::make_tuple(
+        std::move(output),
+        std::move(logsumexp),
+        at::Tensor(),
+        at::Tensor(),
+        query.sym_size(-2),
+        key.sym_size(-2),
+        at::Tensor(),
+        at::Tensor(),
+        at::Tensor());
+  };
+  if (dropout_p == 0 && call.may_queue()) {
+    using Forward = at::_ops::_scaled_dot_product_flash_attention_for_cpu;
+    static const c10::OperatorHandle op = cpu_kernel_operator(Forward::name, Forward::overload_name);
+    auto [output, logsumexp] = launch_cpu_kernel<Forward::schema, Draws::kNone>(
+        op, query, key, value, dropout_p, is_causal, attn_bias, scale);
+    return results(std::move(output), std::move(logsumexp));
+  }
   call.begin();
   // CPU's kernel checks the rest (4-D inputs, no dropout, dtypes) with its own messages.
   auto [output, logsumexp] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(
       call.alias(query), call.alias(key), call.alias(value), dropout_p, is_causal, call.alias(attn_bias), scale);
   call.finish();
-  // The sequence lengths of the variable-length (nested) form and the dropout
-  // seed are not used by a kernel without dropout or nested inputs: undefined
-  // tensors, as the Meta kernel (torch/_meta_registrations.py) returns Nones.
-  return {
-      call.result(std::move(output)),
-      call.result(std::move(logsumexp)),
-      at::Tensor(),
-      at::Tensor(),
-      query.sym_size(-2),
-      key.sym_size(-2),
-      at::Tensor(),
-      at::Tensor(),
-      at::Tensor()};
+  return results(call.result(std::move(output)), call.result(std::move(logsumexp)));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fused_attention_overrideable_backward(
@@ -113,6 +133,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fu
   call.note(mask, "attn_bias");
   call.note(out, "out");
   call.note(logsumexp, "logsumexp");
+  auto results = [&](at::Tensor grad_query, at::Tensor grad_key, at::Tensor grad_value) {
+    return std::make_tuple(
+        grad_input_mask[0] ? std::move(grad_query) : at::Tensor(),
+        grad_input_mask[1] ? std::move(grad_key) : at::Tensor(),
+        grad_input_mask[2] ? std::move(grad_value) : at::Tensor(),
+        at::Tensor());
+  };
+  if (call.may_queue()) {
+    using Backward = at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward;
+    static const c10::OperatorHandle op = cpu_kernel_operator(Backward::name, Backward::overload_name);
+    auto [grad_query, grad_key, grad_value] = launch_cpu_kernel<Backward::schema>(
+        op, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, mask, scale);
+    return results(std::move(grad_query), std::move(grad_key), std::move(grad_value));
+  }
   call.begin();
   auto [grad_query, grad_key, grad_value] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(
       call.alias(grad_out),
@@ -126,11 +160,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fu
       call.alias(mask),
       scale);
   call.finish();
-  return {
-      grad_input_mask[0] ? call.result(std::move(grad_query)) : at::Tensor(),
-      grad_input_mask[1] ? call.result(std::move(grad_key)) : at::Tensor(),
-      grad_input_mask[2] ? call.result(std::move(grad_value)) : at::Tensor(),
-      at::Tensor()};
+  return results(
+      call.result(std::move(grad_query)), call.result(std::move(grad_key)), call.result(std::move(grad_value)));
 }
 
 } // namespace openreg::native

@@ -23,23 +23,18 @@
 //
 // - hardtanh (3 forms): clamp, a structured operator here;
 //   hardtanh_backward(.grad_input): a binary iterator, hardtanh_backward_stub.
-// - uniform_, random_ (3 forms): a nullary iterator and uniform_stub /
-//   random_stub / random_from_to_stub / random_full_64_bits_range_stub,
-//   whose openreg kernels are in Random.cpp; uniform_ over [0, 1) and
-//   random_() of a contiguous tensor skip the iterator and fill it in memory
-//   order on kernel addresses (uniform_fill, random_fill, Random.cpp), the
-//   order CPU's serial kernels draw in;
-//   normal_, bernoulli_.float: normal_stub / bernoulli_scalar_stub take the
-//   tensor itself, so the openreg kernels run torch's implementation on a CPU
-//   alias of it, which reaches the CPU stubs directly; normal_ on 16 or more
-//   contiguous floating-point elements, and bernoulli_ of a contiguous tensor
-//   where CPU's kernel is the template, fill them on kernel addresses instead
-//   (normal_fill, bernoulli_fill, Random.cpp); randperm.generator_out
-//   shuffles an int64 or int32 `out` as CPU's kernel does (randperm_fill) and
-//   runs CPU's randperm_out_cpu on a CPU alias of other ones. These kernels
-//   run the CPU kernels with the CPU generator of the openreg generator (or
-//   of the device's default one), as CpuKernelCall does for `cpu_kernels`, so the
-//   stream of numbers is CPU's for the same seed.
+// - uniform_, random_ (3 forms), normal_, bernoulli_.float, exponential_,
+//   cauchy_, log_normal_, geometric_, randperm.generator_out: torch's implementation (its checks, then the CPU
+//   stub) on a CPU tensor of self's geometry, with the CPU generator of the
+//   openreg generator (or of the device's default one), as CpuKernelCall
+//   does for `cpu_kernels`, so the stream of numbers is CPU's for the same
+//   seed. Where CPU's kernel draws in memory order, a plain loop does the
+//   same without an iterator or a CPU tensor (Random.cpp: uniform_(0, 1),
+//   random_() of a contiguous tensor, normal_ of 16 or more contiguous
+//   floating-point elements, bernoulli_(p) where CPU's kernel is the
+//   template, randperm into int64 or int32). The draws are made at the call
+//   and land in stream order (DrawTarget, below). The stubs' openreg kernels
+//   (Random.cpp) serve torch code that calls the stubs on openreg iterators.
 //
 // where_kernel and masked_fill_stub take a bool condition or mask next to
 // operands of another dtype, and their iterators do not promote inputs. On a
@@ -50,12 +45,17 @@
 #include <ATen/ops/abs_native.h>
 #include <ATen/ops/arange_native.h>
 #include <ATen/ops/bernoulli_native.h>
+#include <ATen/ops/cauchy_native.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/exponential_native.h>
+#include <ATen/ops/geometric_native.h>
 #include <ATen/ops/hardtanh_backward_native.h>
 #include <ATen/ops/hardtanh_native.h>
 #include <ATen/ops/linspace_native.h>
 #include <ATen/ops/logical_and_native.h>
 #include <ATen/ops/logical_not_native.h>
 #include <ATen/ops/logical_or_native.h>
+#include <ATen/ops/log_normal_native.h>
 #include <ATen/ops/logical_xor_native.h>
 #include <ATen/ops/masked_fill_native.h>
 #include <ATen/ops/normal_native.h>
@@ -74,6 +74,7 @@
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegCpuAlias.h"
+#include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegStream.h"
 #include "aten/native/CpuIterator.h"
 #include "aten/native/Random.h"
@@ -201,84 +202,143 @@ at::Tensor& hardtanh_backward_out(
 }
 
 namespace {
-// The CPU generator to draw from for `self`, after the current stream's work.
-const at::Generator& prepare_draws(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op) {
-  check_on_openreg(self, op);
-  const at::Generator& cpu = cpu_generator_for(generator, self.device().index(), op);
-  join_current_stream(self.device().index());
-  return cpu;
-}
+// Where a random operator's draws go. They are drawn at the call, in the
+// calling thread, which owns the generator's state: host code after the call
+// (get_rng_state, a draw on another stream) sees the generator advanced, as
+// CUDA's launch reserves its Philox offset on the host. CPU's generators have
+// no offset to reserve, so the numbers themselves are drawn then: into
+// `self`'s memory when the current stream has nothing queued (inside a
+// kernel, and with OPENREG_LAUNCH_BLOCKING=1, after waiting for it), else into
+// host memory of self's geometry, which a kernel queued on the stream copies
+// into `self`: the call does not wait for the work queued before it, and the
+// values land in stream order. OPENREG_QUEUE_ALL_KERNELS=1 stages every draw.
+class DrawTarget {
+ public:
+  DrawTarget(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op)
+      : self_(self), op_(op) {
+    check_on_openreg(self, op);
+    generator_ = &cpu_generator_for(generator, self.device().index(), op);
+    const c10::DeviceIndex device = self.device().index();
+    if (inside_kernel() || launch_blocking() || (!queue_all_kernels() && current_stream_idle(device))) {
+      join_current_stream(device);
+    } else {
+      staged_ = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kCPU));
+    }
+  }
+  DrawTarget(const DrawTarget&) = delete;
+  DrawTarget& operator=(const DrawTarget&) = delete;
 
-// normal_ and bernoulli_.float: their stubs take the tensor itself rather
-// than an iterator, so torch's implementation runs on a CPU alias of `self`
-// (CPU's checks, then the CPU stub), with the openreg generator's CPU state.
-template <typename Impl>
-at::Tensor& on_cpu_alias(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Impl&& impl) {
-  const at::Generator& cpu = prepare_draws(self, generator, op);
-  ScopedCpuAlias alias(self);
-  impl(alias.get(), cpu);
+  const at::Generator& generator() const {
+    return *generator_;
+  }
+  at::CPUGeneratorImpl* cpu_generator() const {
+    return generator_->get<at::CPUGeneratorImpl>();
+  }
+  // Where self's first element goes.
+  void* data() {
+    return staged_.defined() ? staged_.mutable_data_ptr() : orKernelAddress(self_.mutable_data_ptr());
+  }
+  // A CPU tensor of self's geometry over the memory the draws go to.
+  at::Tensor& tensor() {
+    if (staged_.defined()) {
+      return staged_;
+    }
+    if (!alias_.has_value()) {
+      alias_.emplace(self_);
+    }
+    return alias_->get();
+  }
+  // The draws were made: a staged one is queued for `self`.
+  void done() {
+    if (!staged_.defined()) {
+      return;
+    }
+    launch_kernel(
+        self_.device().index(), op_, self_.numel(),
+        [target = kernel_cpu_tensor_meta(self_), staged = std::move(staged_)] { kernel_view(target).copy_(staged); });
+  }
+
+ private:
+  const at::Tensor& self_;
+  const char* op_;
+  const at::Generator* generator_ = nullptr;
+  at::Tensor staged_;
+  std::optional<ScopedCpuAlias> alias_;
+};
+
+// draw(target) into `self`, then the staged values queued (DrawTarget).
+template <typename Draw>
+at::Tensor& draw_into(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Draw&& draw) {
+  DrawTarget target(self, generator, op);
+  draw(target);
+  target.done();
   return self;
 }
 } // namespace
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
   // A negative or NaN std takes torch's implementation, which raises.
-  if (std >= 0 && normal_fill_applies(self)) {
-    normal_fill(self, mean, std, prepare_draws(self, generator, "aten::normal_").get<at::CPUGeneratorImpl>());
-    return self;
-  }
-  return on_cpu_alias(self, generator, "aten::normal_", [&](at::Tensor& alias, const at::Generator& cpu) {
-    at::native::normal_(alias, mean, std, cpu);
+  return draw_into(self, generator, "aten::normal_", [&](DrawTarget& target) {
+    if (std >= 0 && normal_fill_applies(self)) {
+      normal_fill(self, target.data(), mean, std, target.cpu_generator());
+    } else {
+      at::native::normal_(target.tensor(), mean, std, target.generator());
+    }
   });
 }
 
 // randperm.generator_out, drawing from the openreg generator's CPU state.
 // `out` gets its size on the device first; an int64 or int32 `out` is then
-// shuffled in place as CPU's kernel does (randperm_fill), which spares two
-// resize_ calls and a CPU alias. Other dtypes, and a negative n, which
-// reaches CPU's check, take CPU's randperm_out_cpu (its checks, then the
-// shuffle) on a CPU alias of `out`, which it never needs to resize.
+// shuffled as CPU's kernel does (randperm_fill), which spares two resize_
+// calls. Other dtypes, and a negative n, which reaches CPU's check, take
+// CPU's randperm_out_cpu (its checks, then the shuffle) on the target's CPU
+// tensor, which it never needs to resize.
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::Tensor& out) {
-  const at::Generator& cpu = prepare_draws(out, generator, "aten::randperm");
   if (n >= 0 && (out.dim() != 1 || out.size(0) != n)) {
     out.resize_({n});
   }
-  if (randperm_fill_applies(out, n)) {
-    randperm_fill(out, n, cpu.get<at::CPUGeneratorImpl>());
-    return out;
-  }
-  ScopedCpuAlias alias(out);
-  at::native::randperm_out_cpu(n, cpu, alias.get());
-  return out;
+  return draw_into(out, generator, "aten::randperm", [&](DrawTarget& target) {
+    if (randperm_fill_applies(out, n)) {
+      randperm_fill(out, target.data(), n, target.cpu_generator());
+    } else {
+      at::native::randperm_out_cpu(n, target.generator(), target.tensor());
+    }
+  });
 }
 
 at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> generator) {
   // A p outside [0, 1] (or NaN) takes torch's implementation, which raises.
-  if (0 <= p && p <= 1 && bernoulli_fill_applies(self)) {
-    bernoulli_fill(self, p, prepare_draws(self, generator, "aten::bernoulli_").get<at::CPUGeneratorImpl>());
-    return self;
-  }
-  return on_cpu_alias(self, generator, "aten::bernoulli_", [&](at::Tensor& alias, const at::Generator& cpu) {
-    at::native::bernoulli_(alias, p, cpu);
+  return draw_into(self, generator, "aten::bernoulli_", [&](DrawTarget& target) {
+    if (0 <= p && p <= 1 && bernoulli_fill_applies(self)) {
+      bernoulli_fill(self, target.data(), p, target.cpu_generator());
+    } else {
+      at::native::bernoulli_(target.tensor(), p, target.generator());
+    }
   });
 }
 
+// uniform_ and the random_ forms: torch's implementation (its checks, a
+// nullary iterator and the CPU stub) on the target's CPU tensor, or for
+// uniform_(0, 1) and random_() of a contiguous tensor a plain loop in memory
+// order, the order CPU's serial kernels draw in.
 at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> generator) {
-  if (from == 0.0 && to == 1.0 && uniform_fill_applies(self)) {
-    uniform_fill(self, prepare_draws(self, generator, "aten::uniform_").get<at::CPUGeneratorImpl>());
-    return self;
-  }
-  check_on_openreg(self, "aten::uniform_");
-  return at::native::uniform_(self, from, to, std::move(generator));
+  return draw_into(self, generator, "aten::uniform_", [&](DrawTarget& target) {
+    if (from == 0.0 && to == 1.0 && uniform_fill_applies(self)) {
+      uniform_fill(self, target.data(), target.cpu_generator());
+    } else {
+      at::native::uniform_(target.tensor(), from, to, target.generator());
+    }
+  });
 }
 
 at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> generator) {
-  if (random_fill_applies(self)) {
-    random_fill(self, prepare_draws(self, generator, "aten::random_").get<at::CPUGeneratorImpl>());
-    return self;
-  }
-  check_on_openreg(self, "aten::random_");
-  return at::native::random_(self, std::move(generator));
+  return draw_into(self, generator, "aten::random_", [&](DrawTarget& target) {
+    if (random_fill_applies(self)) {
+      random_fill(self, target.data(), target.cpu_generator());
+    } else {
+      at::native::random_(target.tensor(), target.generator());
+    }
+  });
 }
 
 at::Tensor& random_from(
@@ -286,13 +346,41 @@ at::Tensor& random_from(
     int64_t from,
     std::optional<int64_t> to,
     std::optional<at::Generator> generator) {
-  check_on_openreg(self, "aten::random_");
-  return at::native::random_(self, from, to, std::move(generator));
+  return draw_into(self, generator, "aten::random_", [&](DrawTarget& target) {
+    at::native::random_(target.tensor(), from, to, target.generator());
+  });
 }
 
 at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> generator) {
-  check_on_openreg(self, "aten::random_");
-  return at::native::random_(self, to, std::move(generator));
+  return draw_into(self, generator, "aten::random_", [&](DrawTarget& target) {
+    at::native::random_(target.tensor(), to, target.generator());
+  });
+}
+
+// The other distributions with scalar parameters: torch's implementation on
+// the target's CPU tensor.
+at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> generator) {
+  return draw_into(self, generator, "aten::exponential_", [&](DrawTarget& target) {
+    at::native::exponential_(target.tensor(), lambd, target.generator());
+  });
+}
+
+at::Tensor& cauchy_(at::Tensor& self, double median, double sigma, std::optional<at::Generator> generator) {
+  return draw_into(self, generator, "aten::cauchy_", [&](DrawTarget& target) {
+    at::native::cauchy_(target.tensor(), median, sigma, target.generator());
+  });
+}
+
+at::Tensor& log_normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
+  return draw_into(self, generator, "aten::log_normal_", [&](DrawTarget& target) {
+    at::native::log_normal_(target.tensor(), mean, std, target.generator());
+  });
+}
+
+at::Tensor& geometric_(at::Tensor& self, double p, std::optional<at::Generator> generator) {
+  return draw_into(self, generator, "aten::geometric_", [&](DrawTarget& target) {
+    at::native::geometric_(target.tensor(), p, target.generator());
+  });
 }
 
 } // namespace openreg::native

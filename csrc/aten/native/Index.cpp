@@ -10,6 +10,7 @@
 // reports a common dtype, so the generic `cpu_kernel: true` route
 // (AsCpuIterator) would cast the indices to the source's dtype. Here only the
 // addresses change before torch's CPU kernel runs.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -20,11 +21,13 @@
 #include <ATen/native/IndexKernel.h>
 #include <ATen/ops/_index_put_impl_cpu_dispatch.h>
 #include <ATen/ops/_index_put_impl_native.h>
+#include <ATen/ops/_index_put_impl_ops.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <c10/util/accumulate.h>
 
 #include "OpenRegNativeFunctions.h"
+#include "aten/OpenRegBoxedCpuKernel.h"
 #include "aten/OpenRegCpuKernelCall.h"
 #include "aten/OpenRegStream.h"
 #include "aten/native/CpuIterator.h"
@@ -74,6 +77,19 @@ at::Tensor& index_put_impl_(
   call.note(self, "self", /*written=*/true);
   call.note(indices, "indices");
   call.note(values, "values");
+  // Queued, when large or behind queued work, like the cpu_kernels route's
+  // calls, if its operands are on self's device (CPU indices, which torch
+  // moves to the device for CUDA, run at once).
+  auto on_device = [&](const at::Tensor& t) { return t.device() == self.device() || t.dim() == 0; };
+  const bool operands_on_device = on_device(values) &&
+      std::all_of(indices.begin(), indices.end(), [&](const std::optional<at::Tensor>& index) {
+        return !index.has_value() || !index->defined() || on_device(*index);
+      });
+  if (operands_on_device && call.may_queue()) {
+    using IndexPut = at::_ops::_index_put_impl_;
+    static const c10::OperatorHandle op = cpu_kernel_operator(IndexPut::name, IndexPut::overload_name);
+    return launch_cpu_kernel<IndexPut::schema>(op, self, indices, values, accumulate, unsafe);
+  }
   call.begin();
   at::Tensor self_alias = call.written(self);
   at::cpu::_index_put_impl_(self_alias, call.alias(indices), call.alias(values), accumulate, unsafe);

@@ -17,8 +17,8 @@
 //
 // A contiguous tensor needs no iterator: CPU's serial kernels fill it in
 // memory order, so uniform_fill (over [0, 1)) and random_fill draw into it
-// with a plain loop on kernel addresses, which DeviceGeneric.cpp's uniform_
-// and random_ call instead of torch's implementation. bernoulli_fill does the
+// with a plain loop, which DeviceGeneric.cpp's uniform_ and random_ call
+// instead of torch's implementation, on the memory its DrawTarget gives. bernoulli_fill does the
 // same for bernoulli_(p) where CPU's kernel is that template too.
 //
 // normal_'s stub takes the tensor rather than an iterator; DeviceGeneric.cpp's
@@ -80,12 +80,6 @@ bool is_floating(const at::Tensor& self) {
     default:
       return false;
   }
-}
-
-// The kernel address of the first element of `self`.
-template <typename scalar_t>
-scalar_t* kernel_data(const at::Tensor& self) {
-  return static_cast<scalar_t*>(orKernelAddress(self.mutable_data_ptr()));
 }
 
 // Writes draw() into out[0 .. size), in order, under the generator's lock:
@@ -262,11 +256,11 @@ bool random_fill_applies(const at::Tensor& self) {
   }
 }
 
-void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
+void uniform_fill(const at::Tensor& self, void* data, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
     at::uniform_real_distribution<at::opmath_type<scalar_t>> uniform(0, 1);
     const auto one = static_cast<scalar_t>(1.0);
-    draw_in_memory_order(kernel_data<scalar_t>(self), self.numel(), generator, [&] {
+    draw_in_memory_order(static_cast<scalar_t*>(data), self.numel(), generator, [&] {
       // As CPU's kernel: a value the cast rounded up to 1 becomes 0.
       const auto value = static_cast<scalar_t>(uniform(generator));
       return value == one ? static_cast<scalar_t>(0.0) : value;
@@ -274,9 +268,9 @@ void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
   });
 }
 
-void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator) {
+void random_fill(const at::Tensor& self, void* data, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "random_", [&] {
-    draw_in_memory_order(kernel_data<scalar_t>(self), self.numel(), generator, [generator] {
+    draw_in_memory_order(static_cast<scalar_t*>(data), self.numel(), generator, [generator] {
       at::uniform_int_distribution<scalar_t> random;
       return random(generator);
     });
@@ -292,9 +286,9 @@ bool bernoulli_fill_applies(const at::Tensor& self) {
   return random_fill_applies(self) && cpu_runs_template;
 }
 
-void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator) {
+void bernoulli_fill(const at::Tensor& self, void* data, double p, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
-    fill_bernoulli(kernel_data<scalar_t>(self), self.numel(), p, generator);
+    fill_bernoulli(static_cast<scalar_t*>(data), self.numel(), p, generator);
   });
 }
 
@@ -312,9 +306,9 @@ bool randperm_fill_applies(const at::Tensor& out, int64_t n) {
       out.size(0) == n && n > 0 && n < kSmallShuffle && cpu_shuffles_so();
 }
 
-void randperm_fill(const at::Tensor& out, int64_t n, at::CPUGeneratorImpl* generator) {
+void randperm_fill(const at::Tensor& out, void* data, int64_t n, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_INDEX_TYPES(out.scalar_type(), "randperm", [&] {
-    fill_randperm(kernel_data<index_t>(out), n, out.stride(0), generator);
+    fill_randperm(static_cast<index_t*>(data), n, out.stride(0), generator);
   });
 }
 
@@ -323,9 +317,9 @@ bool normal_fill_applies(const at::Tensor& self) {
       cpu_float_transform() != FloatTransform::kUnknown;
 }
 
-void normal_fill(const at::Tensor& self, double mean, double std, at::CPUGeneratorImpl* generator) {
+void normal_fill(const at::Tensor& self, void* data, double mean, double std, at::CPUGeneratorImpl* generator) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_", [&] {
-    fill_normal_as(cpu_float_transform(), kernel_data<scalar_t>(self), self.numel(), mean, std, generator);
+    fill_normal_as(cpu_float_transform(), static_cast<scalar_t*>(data), self.numel(), mean, std, generator);
   });
 }
 

@@ -14,16 +14,17 @@ bool uniform_fill_applies(const at::Tensor& self);
 bool random_fill_applies(const at::Tensor& self);
 
 // uniform_(0, 1) and random_() of `self`: CPU's draws from `generator`, in
-// memory order on kernel addresses. The caller joined the current stream.
-void uniform_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator);
-void random_fill(const at::Tensor& self, at::CPUGeneratorImpl* generator);
+// memory order, written from `data` on: the kernel address of self's first
+// element, or host memory of self's geometry (DeviceGeneric.cpp's DrawTarget).
+void uniform_fill(const at::Tensor& self, void* data, at::CPUGeneratorImpl* generator);
+void random_fill(const at::Tensor& self, void* data, at::CPUGeneratorImpl* generator);
 
 // Whether bernoulli_fill applies to `self`: as random_fill_applies, on a
 // machine where CPU's bernoulli_(p) kernel draws as that template does.
 bool bernoulli_fill_applies(const at::Tensor& self);
 
 // bernoulli_(p) of `self`, p in [0, 1]: as uniform_fill.
-void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* generator);
+void bernoulli_fill(const at::Tensor& self, void* data, double p, at::CPUGeneratorImpl* generator);
 
 // Whether randperm_fill applies: `out` is a 1-dim int64 or int32 tensor of
 // n > 0 elements (any stride), n is below the size where CPU's kernel
@@ -32,17 +33,17 @@ void bernoulli_fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* gene
 bool randperm_fill_applies(const at::Tensor& out, int64_t n);
 
 // randperm(n) into `out`: CPU's permutation for `generator` (whose lock it
-// takes), written on kernel addresses. The caller joined the current stream.
-void randperm_fill(const at::Tensor& out, int64_t n, at::CPUGeneratorImpl* generator);
+// takes), written from `data` on with out's stride, as uniform_fill.
+void randperm_fill(const at::Tensor& out, void* data, int64_t n, at::CPUGeneratorImpl* generator);
 
 // Whether normal_fill computes, for `self`, what CPU's normal_ kernel would
 // for a CPU tensor like it: a float, double, half or bfloat16 tensor of 16 or
 // more contiguous elements, on a machine whose CPU kernel normal_fill knows.
 bool normal_fill_applies(const at::Tensor& self);
 
-// Fills `self` in place with CPU's draws from `generator` (whose lock it
-// takes), on kernel addresses. The caller joined the current stream and
-// checked normal_fill_applies and std >= 0.
-void normal_fill(const at::Tensor& self, double mean, double std, at::CPUGeneratorImpl* generator);
+// Fills `self` with CPU's draws from `generator` (whose lock it takes),
+// written from `data` on as uniform_fill. The caller checked
+// normal_fill_applies and std >= 0.
+void normal_fill(const at::Tensor& self, void* data, double mean, double std, at::CPUGeneratorImpl* generator);
 
 } // namespace openreg::native
