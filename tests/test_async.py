@@ -2,6 +2,7 @@
 stream's worker in stream order, and the calls that need results wait for it,
 as on CUDA (docs/runtime.md, "Kernels")."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -265,27 +266,20 @@ def test_a_random_draw_lands_after_the_queued_work_that_reads_the_tensor():
     assert bool(((t >= 0) & (t < 1)).all())
 
 
-def test_a_queued_kernel_error_names_the_line_that_launched_it():
+@pytest.mark.parametrize("behind_queued_work", [False, True], ids=["run_at_once", "queued"])
+def test_a_kernel_error_names_the_line_that_launched_it(behind_queued_work):
+    # A small kernel on an idle stream runs at once and a kernel behind queued
+    # work is queued; either way its failure, reported later, names the line.
     a = torch.tensor([5, 6], device=DEVICE)
     zero = torch.zeros_like(a)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
-    busy(50)  # queued, not run at once
+    if behind_queued_work:
+        busy(50)
+    line = inspect.currentframe().f_lineno + 1
     if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
         with pytest.raises(torch.AcceleratorError) as raised:
             torch.openreg.synchronize()
-        launch_line = test_a_queued_kernel_error_names_the_line_that_launched_it.__code__.co_firstlineno + 5
-        assert f"the kernel was launched from {__file__}:{launch_line} in " in str(raised.value)
-
-
-def test_a_small_kernel_error_names_the_line_that_launched_it():
-    a = torch.tensor([5, 6], device=DEVICE)
-    zero = torch.zeros_like(a)
-    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
-    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
-        with pytest.raises(torch.AcceleratorError) as raised:
-            torch.openreg.synchronize()
-        launch_line = test_a_small_kernel_error_names_the_line_that_launched_it.__code__.co_firstlineno + 4
-        assert f"the kernel was launched from {__file__}:{launch_line} in " in str(raised.value)
+        assert f"the kernel was launched from {__file__}:{line} in " in str(raised.value)
 
 
 def test_a_cpu_kernel_learns_the_results_of_each_new_geometry_at_once():

@@ -117,33 +117,42 @@ std::vector<std::tuple<std::string, openreg::Route, std::string>> bindings() {
   return rows;
 }
 
-// CPU tensors over the same bytes as openreg tensors, for CPU code that
-// works on device memory in place: the distributed backend hands them to gloo
-// and compiled (Inductor) kernels read and write through them. Each device's
-// current stream is joined first, so work queued before is complete and
-// what the caller does next is ordered like a kernel on that stream. Other
-// arguments (CPU tensors, numbers) pass through unchanged.
-py::list cpu_aliases(const py::sequence& args) {
+// `args` with each openreg tensor replaced by its CPU alias (others pass
+// through), seen(t) called for each openreg tensor; and whether a defined
+// tensor of another device was among the others.
+template <typename Seen>
+std::pair<py::list, bool> with_cpu_aliases(const py::sequence& args, Seen&& seen) {
   py::list out;
-  std::vector<c10::DeviceIndex> joined;
+  bool other_tensors = false;
   for (py::handle arg : args) {
-    if (!THPVariable_Check(arg.ptr())) {
-      out.append(arg);
-      continue;
+    if (THPVariable_Check(arg.ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(arg.ptr());
+      if (t.defined() && t.is_privateuseone()) {
+        seen(t);
+        out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::cpu_alias(t))));
+        continue;
+      }
+      other_tensors = other_tensors || t.defined();
     }
-    const at::Tensor& t = THPVariable_Unpack(arg.ptr());
-    if (!t.defined() || !t.is_privateuseone()) {
-      out.append(arg);
-      continue;
-    }
+    out.append(arg);
+  }
+  return {std::move(out), other_tensors};
+}
+
+// CPU tensors over the same bytes as openreg tensors, for CPU code that
+// works on device memory in place: the distributed backend hands them to
+// gloo. Each device's current stream is joined first, so work queued before
+// is complete and what the caller does next is ordered like a kernel on that
+// stream. Other arguments (CPU tensors, numbers) pass through unchanged.
+py::list cpu_aliases(const py::sequence& args) {
+  std::vector<c10::DeviceIndex> joined;
+  return with_cpu_aliases(args, [&](const at::Tensor& t) {
     const c10::DeviceIndex device = t.device().index();
     if (std::find(joined.begin(), joined.end(), device) == joined.end()) {
       openreg::join_current_stream(device);
       joined.push_back(device);
     }
-    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::cpu_alias(t))));
-  }
-  return out;
+  }).first;
 }
 
 // The arguments of an Inductor C++ kernel of an openreg graph (the call the
@@ -160,28 +169,14 @@ py::list kernel_arguments(const std::string& name, const py::sequence& args) {
   static auto* names = new std::unordered_set<std::string>(); // leaked; the GIL guards it
   openreg::HostKernelLaunch launch;
   launch.name = names->insert(name).first->c_str();
-  bool host_tensors = false;
   std::vector<c10::DeviceIndex> devices;
-  py::list out;
-  for (py::handle arg : args) {
-    if (!THPVariable_Check(arg.ptr())) {
-      out.append(arg);
-      continue;
-    }
-    const at::Tensor& t = THPVariable_Unpack(arg.ptr());
-    if (!t.defined() || !t.is_privateuseone()) {
-      host_tensors = host_tensors || t.defined();
-      out.append(arg);
-      continue;
-    }
-    const c10::DeviceIndex device = t.device().index();
-    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
-      devices.push_back(device);
-    }
-    launch.device = device;
+  auto [out, host_tensors] = with_cpu_aliases(args, [&](const at::Tensor& t) {
+    launch.device = t.device().index();
     launch.work = std::max<int64_t>(launch.work, t.numel());
-    out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(openreg::cpu_alias(t))));
-  }
+    if (std::find(devices.begin(), devices.end(), launch.device) == devices.end()) {
+      devices.push_back(launch.device);
+    }
+  });
   // Two devices: no one stream orders the kernel.
   launch.at_once = host_tensors || devices.size() > 1;
   if (launch.at_once) {
