@@ -83,9 +83,10 @@ _LAUNCH_KERNEL = """
 #include <stdexcept>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 typedef void (*openreg_closure_fn)(void*);
 template <typename... P, typename... V>
-static void openreg_launch_kernel(void (*fn)(P...), V... values) {{
+static void openreg_launch_kernel(void (*fn)(P...), std::tuple<V...> values) {{
     typedef void (*launch_fn)(openreg_closure_fn, void*, openreg_closure_fn);
     static const launch_fn launch = [] {{
         const char* address = std::getenv("%s");
@@ -105,7 +106,7 @@ static void openreg_launch_kernel(void (*fn)(P...), V... values) {{
             delete static_cast<Closure*>(self);
         }}
     }};
-    launch(&Closure::run, new Closure{{fn, std::tuple<std::decay_t<P>...>(values...)}}, &Closure::release);
+    launch(&Closure::run, new Closure{{fn, std::tuple<std::decay_t<P>...>(std::move(values))}}, &Closure::release);
 }}
 """ % (_LAUNCH_ENV, _LAUNCH_ENV)
 
@@ -115,7 +116,7 @@ class OpenRegPythonBindingsCodeCache(CppPythonBindingsCodeCache):
     instead of calling them (``openreg_launch_kernel`` above)."""
 
     cache: dict[str, Any] = {}
-    call_entry_function = "openreg_launch_kernel(kernel, {}); Py_RETURN_NONE;"
+    call_entry_function = "openreg_launch_kernel(kernel, std::make_tuple({})); Py_RETURN_NONE;"
     extra_parse_arg = _LAUNCH_KERNEL
 
     @staticmethod
