@@ -420,9 +420,9 @@ struct QueuedCpuKernel {
       }
       for (const auto& [k, placement] : written) {
         TORCH_CHECK(
-            placement.holds(operands[k]), learnt->name, ": the CPU kernel resized or moved a written operand, which a queued kernel cannot "
-            "do (the first call with these shapes did not). This is an openreg bug; OPENREG_LAUNCH_BLOCKING=1 "
-            "runs every kernel at once.");
+            placement.holds(operands[k]), learnt->name,
+            ": the CPU kernel resized or moved a written operand, which a queued kernel cannot do (the first call "
+            "with these shapes did not). This is an openreg bug; OPENREG_LAUNCH_BLOCKING=1 runs every kernel at once.");
       }
       const c10::SmallVector<const at::Tensor*, 8> results =
           flat_tensors(c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - returns));

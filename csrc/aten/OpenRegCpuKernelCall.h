@@ -151,6 +151,12 @@ class CpuKernelCall {
     return device_;
   }
 
+  // After step 1: whether a CPU tensor other than a 0-dim operand that is not
+  // written was noted (which only an `accepts_cpu_tensors` call takes).
+  bool takes_cpu_tensors() const {
+    return cpu_argument_ != nullptr;
+  }
+
  private:
   // A result's fresh memory, for later results on the same memory: the
   // result's own storage, adopted as device storage (kept alive by the result,

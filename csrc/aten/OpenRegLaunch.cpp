@@ -101,7 +101,8 @@ thread_local HostKernelLaunch next_host_kernel;
 // A host kernel's closure, owned: released once, where the kernel is.
 class HostKernel {
  public:
-  HostKernel(void (*run)(void*), void* closure, void (*release)(void*)) : run_(run), closure_(closure), release_(release) {}
+  HostKernel(void (*run)(void*), void* closure, void (*release)(void*))
+      : run_(run), closure_(closure), release_(release) {}
   HostKernel(HostKernel&& other) noexcept
       : run_(other.run_), closure_(std::exchange(other.closure_, nullptr)), release_(other.release_) {}
   HostKernel(const HostKernel&) = delete;

@@ -10,7 +10,6 @@
 // reports a common dtype, so the generic `cpu_kernel: true` route
 // (AsCpuIterator) would cast the indices to the source's dtype. Here only the
 // addresses change before torch's CPU kernel runs.
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -78,14 +77,9 @@ at::Tensor& index_put_impl_(
   call.note(indices, "indices");
   call.note(values, "values");
   // Queued, when large or behind queued work, like the cpu_kernels route's
-  // calls, if its operands are on self's device (CPU indices, which torch
-  // moves to the device for CUDA, run at once).
-  auto on_device = [&](const at::Tensor& t) { return t.device() == self.device() || t.dim() == 0; };
-  const bool operands_on_device = on_device(values) &&
-      std::all_of(indices.begin(), indices.end(), [&](const std::optional<at::Tensor>& index) {
-        return !index.has_value() || !index->defined() || on_device(*index);
-      });
-  if (operands_on_device && call.may_queue()) {
+  // calls, unless it takes CPU indices (which torch moves to the device for
+  // CUDA): those run at once.
+  if (!call.takes_cpu_tensors() && call.may_queue()) {
     using IndexPut = at::_ops::_index_put_impl_;
     static const c10::OperatorHandle op = cpu_kernel_operator(IndexPut::name, IndexPut::overload_name);
     return launch_cpu_kernel<IndexPut::schema>(op, self, indices, values, accumulate, unsafe);

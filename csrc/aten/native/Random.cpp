@@ -18,8 +18,9 @@
 // A contiguous tensor needs no iterator: CPU's serial kernels fill it in
 // memory order, so uniform_fill (over [0, 1)) and random_fill draw into it
 // with a plain loop, which DeviceGeneric.cpp's uniform_ and random_ call
-// instead of torch's implementation, on the memory its DrawTarget gives. bernoulli_fill does the
-// same for bernoulli_(p) where CPU's kernel is that template too.
+// instead of torch's implementation, on the memory its DrawTarget gives.
+// bernoulli_fill does the same for bernoulli_(p) where CPU's kernel is that
+// template too.
 //
 // normal_'s stub takes the tensor rather than an iterator; DeviceGeneric.cpp's
 // normal_ calls normal_fill here when it computes what CPU's kernel would
