@@ -254,6 +254,102 @@ def test_a_random_draw_behind_queued_work_returns_at_once_with_the_generator_adv
     assert torch.equal(t.cpu(), cpu)
 
 
+# Draws whose distribution comes from device values: the CPU kernel draws when
+# it runs, queued; the generator waits for it before the host uses its state.
+# `p` is a (16, 16) tensor of probabilities in (0.1, 0.9); `g` a generator or None.
+DRAWS_FROM_DEVICE_VALUES = {
+    "bernoulli": lambda p, g: torch.bernoulli(p, generator=g),
+    "bernoulli_tensor_": lambda p, g: torch.empty_like(p).bernoulli_(p, generator=g),
+    "normal_tensor_mean": lambda p, g: torch.normal(p, 2.0, generator=g),
+    "normal_tensor_std": lambda p, g: torch.normal(1.0, p, generator=g),
+    "normal_tensors": lambda p, g: torch.normal(p, p, generator=g),
+    "poisson": lambda p, g: torch.poisson(p, generator=g),
+    "binomial": lambda p, g: torch.binomial(p * 0 + 10.0, p, generator=g),
+    "multinomial": lambda p, g: torch.multinomial(p, 8, replacement=True, generator=g),
+}
+# The same, without a generator argument in Python: the device's default one.
+DRAWS_FROM_DEVICE_VALUES_DEFAULT_GENERATOR = {
+    "standard_gamma": lambda p, g: torch._standard_gamma(p),
+    "sample_dirichlet": lambda p, g: torch._sample_dirichlet(p),
+    "rrelu_training": lambda p, g: torch.nn.functional.rrelu(p - 0.5, training=True),
+}
+DRAW_CASES = [(name, False) for name in {**DRAWS_FROM_DEVICE_VALUES, **DRAWS_FROM_DEVICE_VALUES_DEFAULT_GENERATOR}]
+DRAW_CASES += [(name, True) for name in DRAWS_FROM_DEVICE_VALUES]
+
+
+@pytest.mark.parametrize(("name", "given"), DRAW_CASES, ids=[f"{n}-{'given' if g else 'default'}_generator" for n, g in DRAW_CASES])
+def test_a_draw_from_device_values_is_queued_and_the_generator_waits_for_it(name, given):
+    fn = {**DRAWS_FROM_DEVICE_VALUES, **DRAWS_FROM_DEVICE_VALUES_DEFAULT_GENERATOR}[name]
+    p = torch.rand(16, 16) * 0.8 + 0.1
+    p_device = p.to(DEVICE)
+    generator = torch.Generator(device=DEVICE) if given else None
+    cpu_generator = torch.Generator() if given else None
+    launched_before(lambda: fn(p_device, generator))  # learns the results' shapes at once
+    torch.manual_seed(5)  # CPU's and the openreg devices' default generators
+    for g in (generator, cpu_generator):
+        if g is not None:
+            g.manual_seed(5)
+    expected = fn(p, cpu_generator)
+    expected_state = (cpu_generator or torch.default_generator).get_state()
+    device_generator = generator or torch.openreg.default_generators[torch.openreg.current_device()]
+    busy()
+    out, launch_ms = elapsed(lambda: fn(p_device, generator))
+    state, state_ms = elapsed(device_generator.get_state)  # waits for the queued draw
+    assert_waited(launch_ms, state_ms)
+    assert torch.equal(state, expected_state)
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+
+
+def test_the_host_uses_of_a_generator_wait_for_its_queued_draws():
+    # A reseed, a draw made at the call and a draw queued on another stream all
+    # come after the queued draw, so the numbers are CPU's in call order.
+    p = torch.rand(64, 64)
+    p_device = p.to(DEVICE)
+    launched_before(lambda: torch.bernoulli(p_device))
+    torch.manual_seed(3)
+    expected = [torch.bernoulli(p), torch.rand(64, 64), torch.bernoulli(p)]
+    torch.manual_seed(4)
+    expected_after_reseed = torch.bernoulli(p)
+
+    torch.openreg.manual_seed(3)
+    busy()
+    first = torch.bernoulli(p_device)  # queued behind the busy stream
+    drawn_at_call = torch.rand(64, 64, device=DEVICE)  # waits for `first` to draw
+    other = torch.openreg.Stream()
+    with torch.openreg.stream(other):
+        torch.openreg._sleep(BUSY_MS)
+        second = torch.bernoulli(p_device)
+        torch.openreg.manual_seed(4)  # waits for `second` to draw
+        reseeded = torch.bernoulli(p_device)
+    torch.openreg.synchronize()
+    for got, want in zip([first, drawn_at_call, second, reseeded], expected + [expected_after_reseed]):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_a_queued_draw_on_another_stream_waits_for_the_pending_one():
+    # Two draws queued on two streams from one generator: the second waits on
+    # its stream for the first, so each gets CPU's numbers in call order.
+    p = torch.rand(256, 256)  # not small: queued on an idle stream too
+    p_device = p.to(DEVICE)
+    other = torch.openreg.Stream()
+    for stream in (torch.openreg.current_stream(), other):
+        with torch.openreg.stream(stream):
+            launched_before(lambda: torch.bernoulli(p_device))
+    torch.manual_seed(9)
+    expected = [torch.bernoulli(p), torch.bernoulli(p)]
+    torch.openreg.manual_seed(9)
+    busy()
+    first = torch.bernoulli(p_device)  # queued behind BUSY_MS of work
+    with torch.openreg.stream(other):
+        count = queued(other)
+        second = torch.bernoulli(p_device)  # its stream is idle, but the draw must come second
+        assert queued(other) - count >= 2 * QUEUED  # the wait, then the draw
+        other.synchronize()
+    torch.openreg.synchronize()
+    torch.testing.assert_close(first.cpu(), expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(second.cpu(), expected[1], rtol=0, atol=0)
+
+
 def test_a_random_draw_lands_after_the_queued_work_that_reads_the_tensor():
     # A kernel queued before the draw reads the old values; the draw
     # overwrites them only after it ran.

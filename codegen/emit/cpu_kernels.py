@@ -11,8 +11,8 @@ themselves and fresh results as openreg tensors over the memory the CPU kernel
 allocated. When the kernel may be queued (a busy stream, a large kernel), the
 wrapper hands its arguments, boxed, to the launch of CPU kernels
 (aten/OpenRegBoxedCpuKernel.h), except for operators that torch tags as having
-results of data-dependent shape, host results, or random draws: those run at
-once.
+results of data-dependent shape or host results, and random draws without a
+generator argument: those run at once.
 
 The CPU kernel is called as the C++ function torch generates for it
 (``at::cpu::sum``, or the composite namespace whose kernel CPU's dispatch table
@@ -74,16 +74,19 @@ def _host_expr(a: Argument) -> str:
 
 
 # torch's tags of operators whose CPU kernel is never queued (OpenRegBoxedCpuKernel.cpp, never_queued).
-NEVER_QUEUED_TAGS = frozenset({"dynamic_output_shape", "data_dependent_output", "nondeterministic_seeded"})
+NEVER_QUEUED_TAGS = frozenset({"dynamic_output_shape", "data_dependent_output"})
 
 
 def _may_queue(entry: CpuKernelEntry, arguments: list[Argument]) -> bool:
     """Whether the wrapper may hand its call to the launch of CPU kernels: not for
-    the tags above, nor for generator and device arguments (a call with one runs
-    at once there)."""
+    the tags above, nor for device arguments (a call with one runs at once
+    there), nor for random draws without a generator argument (never_queued)."""
     if NEVER_QUEUED_TAGS & set(entry.func.tags):
         return False
-    return not any(isinstance(a, Argument) and _kind(a.type) in ("generator", "device") for a in arguments)
+    kinds = [_kind(a.type) for a in arguments if isinstance(a, Argument)]
+    if "nondeterministic_seeded" in entry.func.tags and "generator" not in kinds:
+        return False
+    return "device" not in kinds
 
 
 def _queue_branch(entry: CpuKernelEntry, sig: DispatcherSignature) -> list[str]:

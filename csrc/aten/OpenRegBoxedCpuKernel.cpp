@@ -21,6 +21,7 @@
 #include "OpenRegAllocator.h"
 #include "OpenRegCpuAlias.h"
 #include "OpenRegCpuKernelCall.h"
+#include "OpenRegGenerator.h"
 #include "OpenRegLaunch.h"
 #include "OpenRegRoutes.h"
 #include "runtime/OpenRegRuntime.h"
@@ -143,7 +144,7 @@ struct CallKey {
 };
 
 // Builds a CallKey; add() is false for an argument that the key cannot
-// describe (a generator, a device, a nested tensor...): such calls run at once.
+// describe (a device, a nested tensor...): such calls run at once.
 class KeyBuilder {
  public:
   // The thread's grad mode is part of the key, and the queued kernel runs
@@ -193,6 +194,8 @@ class KeyBuilder {
       for (bool b : list) {
         push(b);
       }
+    } else if (v.isGenerator()) {
+      push(11); // results do not depend on which generator draws
     } else if (v.isList()) {
       // Tensor lists, lists of optional tensors, of scalars.
       const c10::ArrayRef<c10::IValue> list = v.toListRef();
@@ -359,18 +362,23 @@ const char* interned_name(const c10::OperatorName& name) {
 }
 
 // Operators whose results the key cannot foretell: their shape depends on the
-// operands' values (nonzero, masked_select, unique...), they return host
-// values (item, equal), or they draw random numbers (CPU's generators advance
-// their state as they draw, so a queued draw would leave get_rng_state()
-// wrong until it ran).
+// operands' values (nonzero, masked_select, unique...), or they return host
+// values (item, equal). And operators that draw random numbers from a
+// generator they do not take as an argument (CPU's flash attention with
+// dropout): the queued kernel would draw from CPU's default generator
+// unordered with the host's draws. One that takes a generator (bernoulli,
+// poisson...) is queued with the openreg generator's CPU generator, which
+// orders it with every other use (OpenRegGenerator.h).
 //
 // Only torch's own operators (aten) are queued: another library's operator may
 // have a CPU kernel written in Python, which would need the GIL on the
 // stream's worker.
 bool never_queued(const c10::OperatorHandle& op, Draws draws) {
+  const auto& arguments = op.schema().arguments();
   return op.operator_name().getNamespace() != std::optional<std::string_view>("aten") ||
       op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
-      (draws == Draws::kByTags && op.hasTag(at::Tag::nondeterministic_seeded));
+      (draws == Draws::kByTags && op.hasTag(at::Tag::nondeterministic_seeded) &&
+       std::none_of(arguments.begin(), arguments.end(), is_generator_argument));
 }
 
 bool same_geometry(const at::Tensor& t, const LearntResult& r) {
@@ -703,6 +711,7 @@ class BoxedCpuKernelCall {
         planned.emplace_back();
       }
     }
+    OpenRegGeneratorImpl* drawing = nullptr; // the generator the kernel draws from
     launch_kernel_made(device, learnt->name, [&]() -> QueuedCpuKernel {
       QueuedCpuKernel kernel{op_, kernel_key_, {}, schema_.returns().size(), {}, {}, std::move(planned), learnt};
       // The operands as views at kernel addresses (CPU ones copied): one per
@@ -732,7 +741,14 @@ class BoxedCpuKernelCall {
       };
       kernel.stack.reserve(arguments.size() + schema_.returns().size());
       for (size_t i = 0; i < arguments.size(); ++i) {
-        kernel.stack.push_back(map_tensors(stack_[args_begin_ + i], view_of));
+        const c10::IValue& value = stack_[args_begin_ + i];
+        if (is_generator_argument(arguments[i])) {
+          drawing = &openreg_generator_for(value.toOptional<at::Generator>(), device, learnt->name);
+          drawing->order_queued_draw(current_raw_stream(device));
+          kernel.stack.emplace_back(drawing->cpu_generator());
+        } else {
+          kernel.stack.push_back(map_tensors(value, view_of));
+        }
       }
       kernel.operands.reserve(operands.size());
       for (const at::Tensor* t : operands) {
@@ -743,6 +759,9 @@ class BoxedCpuKernelCall {
       }
       return kernel;
     });
+    if (drawing != nullptr) {
+      drawing->draw_queued(current_raw_stream(device));
+    }
     // The caller's stack: its arguments out, the results in.
     torch::jit::drop(stack_, arguments.size());
     size_t next = 0;

@@ -4,18 +4,31 @@
 // it. CPU kernels run on device memory (the fallback, later native kernels) take
 // that CPU generator, so every random op on openreg draws from the openreg
 // device's generator and torch.openreg.manual_seed makes them reproducible.
+//
+// Most draws are made at the call, in the calling thread (DrawTarget,
+// DeviceGeneric.cpp). A CPU kernel whose draws depend on device values
+// (bernoulli(p_tensor), poisson...) is queued on a stream instead and draws
+// when it runs (OpenRegBoxedCpuKernel.cpp): the generator remembers the last
+// such draw, and the host waits for it before it reads, reseeds or draws from
+// the state, and a draw queued on another stream waits for it on that stream,
+// so the numbers are drawn in call order, as on CPU.
 #pragma once
 
+#include <atomic>
+#include <mutex>
 #include <optional>
 
 #include <ATen/core/Generator.h>
 #include <c10/core/GeneratorImpl.h>
+
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg {
 
 class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
  public:
   explicit OpenRegGeneratorImpl(c10::DeviceIndex device_index);
+  ~OpenRegGeneratorImpl() override;
 
   void set_current_seed(uint64_t seed) override;
   void set_offset(uint64_t offset) override;
@@ -29,23 +42,45 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
     return c10::DeviceType::PrivateUse1;
   }
 
-  // The CPU generator that CPU kernels running on this device must use.
+  // The CPU generator that CPU kernels running on this device must use: for
+  // a draw in the calling thread, after the queued draws (cpu_generator_for).
   const at::Generator& cpu_generator() const {
     return cpu_;
   }
 
+  // For a kernel about to be queued on `stream` that draws from
+  // cpu_generator(): `stream` first waits for the draws queued on another
+  // stream. Then draw_queued(stream) once it is.
+  void order_queued_draw(orStream_t stream);
+  void draw_queued(orStream_t stream);
+  // Waits until the queued draws have run (the host may then use the state).
+  void wait_for_queued_draws() const;
+
  private:
   OpenRegGeneratorImpl* clone_impl() const override;
   mutable at::Generator cpu_; // mutable: locking its mutex is not a state change
+  // The last queued draw: an event recorded after it on queued_stream_,
+  // pending until the host has seen it complete.
+  mutable std::mutex queued_mutex_;
+  mutable std::atomic<bool> pending_{false};
+  orEvent_t queued_ = nullptr;
+  orStream_t queued_stream_ = nullptr;
 };
 
 const at::Generator& default_generator(c10::DeviceIndex device_index);
 
-// The CPU generator a CPU kernel must draw from for openreg tensors of
-// `device_index`: an openreg generator's own, or with none given the device's
-// default one. A generator of another device raises, as CUDA's
-// check_generator does; `op` names the operator in that message. The
-// reference lives as long as `generator` (or the process, for the default).
+// The openreg generator a draw for openreg tensors of `device_index` uses:
+// `generator`, or with none given the device's default one. A generator of
+// another device raises, as CUDA's check_generator does; `op` names the
+// operator in that message. The reference lives as long as `generator` (or
+// the process, for the default).
+OpenRegGeneratorImpl& openreg_generator_for(
+    const std::optional<at::Generator>& generator,
+    c10::DeviceIndex device_index,
+    const char* op);
+
+// The CPU generator of openreg_generator_for, for a draw in the calling
+// thread: after the draws queued from it have run.
 const at::Generator& cpu_generator_for(
     const std::optional<at::Generator>& generator,
     c10::DeviceIndex device_index,

@@ -60,6 +60,10 @@ at::Tensor & wrapper_PrivateUse1_uniform_(at::Tensor & self, double from, double
   ::openreg::CpuKernelCall call("aten::uniform_", /*accepts_cpu_tensors=*/false);
   call.note(self, "self", /*written=*/true);
   call.note(generator, "generator");
+  if (call.may_queue()) {
+    static const c10::OperatorHandle op = ::openreg::cpu_kernel_operator("aten::uniform_", "");
+    return ::openreg::launch_cpu_kernel<at::Tensor & (at::Tensor &, double, double, ::std::optional<at::Generator>)>(op, self, from, to, generator);
+  }
   call.begin();
   at::Tensor self_alias = call.written(self);
   at::cpu::uniform_(self_alias, from, to, call.generator(generator));
