@@ -2,6 +2,7 @@
 stream's worker in stream order, and the calls that need results wait for it,
 as on CUDA (docs/runtime.md, "Kernels")."""
 
+import gc
 import inspect
 import os
 import subprocess
@@ -151,6 +152,7 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
         pytest.param(lambda x, i: x.gather(1, i), id="gather"),
         pytest.param(lambda x, i: x.scatter(1, i, 2.0), id="scatter"),
         pytest.param(lambda x, i: x.index_select(0, i[0]), id="index_select"),
+        pytest.param(lambda x, i: torch.index_select(x, 0, i[0], out=x.new_empty(0)), id="index_select_out_resized"),
         pytest.param(lambda x, i: x.max(1), id="max_dim"),
         # CPU's kernel through the boxed launch (docs/runtime.md, "CPU kernels and the fallback").
         pytest.param(lambda x, i: torch.nn.functional.layer_norm(x, (64,)), id="cpu_kernel"),
@@ -643,6 +645,7 @@ def test_dropping_tensors_a_queued_kernel_uses_frees_their_memory_at_once():
     # later work on the same stream, which runs after the kernel.
     x = torch.randn(1 << 20, device=DEVICE)
     launched_before(lambda: x * 2)
+    gc.collect()  # earlier tests' garbage, freed now rather than during the count
     before = torch.openreg.memory_allocated()
     busy()
     y = x * 2

@@ -22,6 +22,7 @@
 #include <ATen/ops/_index_put_impl_native.h>
 #include <ATen/ops/_index_put_impl_ops.h>
 #include <ATen/ops/empty.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <c10/util/accumulate.h>
 
@@ -143,9 +144,9 @@ at::Tensor& launch_index_select(const at::Tensor& self, int64_t dim, const at::T
   return out;
 }
 
-// CPU's kernel in the calling thread, for an `out` it may resize (a 0-dim
-// self, an out= of another shape) or the error it raises.
-at::Tensor& index_select_resizing(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
+// CPU's kernel in the calling thread, for a 0-dim self (whose result CPU
+// shapes) or the error it raises.
+at::Tensor& index_select_at_once(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
   run_cpu_out_kernel(
       "aten::index_select.out", {{&self, "self"}, {&index, "index"}}, out, [&](at::Tensor& out_alias, CpuKernelCall& call) {
         at::cpu::index_select_out(out_alias, call.alias(self), dim, call.alias(index));
@@ -158,7 +159,7 @@ at::Tensor& index_select_resizing(const at::Tensor& self, int64_t dim, const at:
 at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   if (self.dim() == 0 || index.dim() > 1) {
     at::Tensor out = at::empty({0}, self.options());
-    return index_select_resizing(self, dim, index, out); // CPU's kernel: a scalar, or its error
+    return index_select_at_once(self, dim, index, out); // CPU's kernel: a scalar, or its error
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   std::vector<int64_t> sizes = self.sizes().vec();
@@ -170,16 +171,20 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
 }
 
 at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
-  if (self.dim() > 0 && index.dim() <= 1) {
-    const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-    const bool shaped = out.dim() == self.dim() && out.size(d) == index.numel() &&
-        out.sizes().slice(0, d) == self.sizes().slice(0, d) && out.sizes().slice(d + 1) == self.sizes().slice(d + 1);
-    if (shaped && !out.storage().is_alias_of(self.storage()) && !out.storage().is_alias_of(index.storage()) &&
-        out.scalar_type() == self.scalar_type()) {
-      return launch_index_select(self, dim, index, out);
-    }
+  const bool launchable = self.dim() > 0 && index.dim() <= 1 &&
+      (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt) && out.scalar_type() == self.scalar_type() &&
+      index.device() == self.device() && out.device() == self.device() && !out.storage().is_alias_of(self.storage()) &&
+      !out.storage().is_alias_of(index.storage());
+  if (!launchable) {
+    return index_select_at_once(self, dim, index, out); // CPU's kernel: its error, or a scalar
   }
-  return index_select_resizing(self, dim, index, out);
+  // CPU's checks passed: resize `out` as CPU's kernel would (warning if it
+  // had elements), then launch.
+  const int64_t d = at::maybe_wrap_dim(dim, self.dim());
+  std::vector<int64_t> sizes = self.sizes().vec();
+  sizes[d] = index.numel();
+  at::native::resize_output(out, sizes);
+  return launch_index_select(self, dim, index, out);
 }
 
 } // namespace openreg::native
