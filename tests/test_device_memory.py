@@ -135,6 +135,81 @@ def test_memory_stats_keys_match_torch_cuda():
     assert stats == torch.accelerator.memory_stats(0)
 
 
+def _summary_row(summary, label):
+    """The four columns (current, peak, total allocated, total freed) of a row."""
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == label:
+            return cells[1:]
+    raise AssertionError(f"no row {label!r} in\n{summary}")
+
+
+def _bytes_shown(cell, exact):
+    """A size cell ("8192 KiB") against the exact byte count it shows, rounded down to its unit."""
+    number, unit = cell.split()
+    scale = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
+    return int(number) == exact // scale
+
+
+def test_memory_summary_has_cuda_s_table_and_follows_the_allocations():
+    torch.openreg.synchronize(1)
+    gc.collect()
+    torch.openreg.reset_peak_memory_stats(1)
+    t = torch.empty(8 * MiB, dtype=torch.uint8, device="openreg:1")
+    summary = torch.openreg.memory_summary(1)
+    stats = torch.openreg.memory_stats(1)
+    lines = summary.splitlines()
+    assert {len(line) for line in lines} == {77}  # CUDA's width: 75 between the bars
+    assert "PyTorch openreg memory summary, device ID 1" in lines[1]
+    assert "openreg OOMs: 0" in lines[3] and "malloc retries: 0" in lines[3]
+    # torch.cuda.memory_summary's rows, per pool unless abbreviated.
+    for label in ("Allocated memory", "Active memory", "Requested memory", "GPU reserved memory",
+                  "Non-releasable memory", "Allocations", "Active allocs", "GPU reserved segments",
+                  "Non-releasable allocs", "Oversize allocations", "Oversize GPU segments"):
+        _summary_row(summary, label)
+    assert summary.count("from large pool") == summary.count("from small pool") == 9
+    current, peak, allocated, _ = _summary_row(summary, "Allocated memory")
+    assert stats["allocated_bytes.all.current"] >= 8 * MiB
+    assert _bytes_shown(current, stats["allocated_bytes.all.current"])
+    assert _bytes_shown(peak, stats["allocated_bytes.all.peak"])
+    assert _bytes_shown(allocated, stats["allocated_bytes.all.allocated"])
+    assert _summary_row(summary, "Allocations")[0] == str(stats["allocation.all.current"])
+    del t
+    after = torch.openreg.memory_summary(1, abbreviated=True)
+    stats_after = torch.openreg.memory_stats(1)
+    assert "from large pool" not in after
+    current, peak, _, freed = _summary_row(after, "Allocated memory")
+    assert stats_after["allocated_bytes.all.current"] == stats["allocated_bytes.all.current"] - 8 * MiB
+    assert _bytes_shown(current, stats_after["allocated_bytes.all.current"])
+    assert _bytes_shown(peak, stats["allocated_bytes.all.peak"])
+    assert _bytes_shown(freed, stats_after["allocated_bytes.all.freed"])
+    with pytest.raises(ValueError, match="expected an openreg device"):
+        torch.openreg.memory_summary("cpu")
+
+
+def test_memory_stats_as_nested_dict_and_the_deprecated_names_read_the_same_statistics():
+    t = torch.empty(MiB, dtype=torch.uint8, device="openreg:1")
+    flat = torch.openreg.memory_stats(1)
+    nested = torch.openreg.memory_stats_as_nested_dict(1)
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"]
+    assert nested["num_ooms"] == flat["num_ooms"]
+
+    def leaves(d, prefix=""):
+        for key, value in d.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(prefix + key, value)]
+
+    assert dict(leaves(nested)) == dict(flat)
+    with pytest.warns(FutureWarning, match="memory_reserved"):
+        assert torch.openreg.memory_cached(1) == torch.openreg.memory_reserved(1)
+    with pytest.warns(FutureWarning, match="max_memory_reserved"):
+        assert torch.openreg.max_memory_cached(1) == torch.openreg.max_memory_reserved(1)
+    del t
+    for reset in (torch.openreg.reset_max_memory_allocated, torch.openreg.reset_max_memory_cached):
+        with pytest.warns(FutureWarning, match="reset_peak_memory_stats"):
+            reset(1)
+        assert torch.openreg.max_memory_allocated(1) == torch.openreg.memory_allocated(1)
+
+
 def test_peak_stats_reset():
     t = torch.empty(2 * MiB, dtype=torch.uint8, device="openreg:1")
     peak = torch.openreg.max_memory_allocated(1)

@@ -49,6 +49,25 @@ def test_device_context_manager_restores():
         assert torch.openreg.current_device() == 0
 
 
+def test_device_of_takes_the_device_of_a_tensor_or_storage():
+    # As torch.cuda.device_of: the object's device while inside, a no-op for
+    # another device type's object.
+    torch.openreg.set_device(0)
+    t = torch.ones(2, device="openreg:1")
+    for obj in (t, t.untyped_storage()):
+        with torch.openreg.device_of(obj):
+            assert torch.openreg.current_device() == 1
+        assert torch.openreg.current_device() == 0
+    with torch.openreg.device_of(torch.ones(2)):
+        assert torch.openreg.current_device() == 0
+
+
+def test_init_and_out_of_memory_error_are_torch_cuda_s():
+    torch.openreg.init()
+    assert torch.openreg.is_initialized()
+    assert torch.openreg.OutOfMemoryError is torch.cuda.OutOfMemoryError
+
+
 def test_synchronize_accepts_device_forms():
     torch.openreg.synchronize()
     torch.openreg.synchronize(1)

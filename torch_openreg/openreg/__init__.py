@@ -9,12 +9,15 @@ import torch
 from torch_openreg import _C
 
 __all__ = [
+    "OutOfMemoryError",
     "current_device",
     "device",
     "device_count",
+    "device_of",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "init",
     "is_available",
     "is_initialized",
     "set_device",
@@ -35,6 +38,16 @@ def _lazy_init() -> None:
     if _C._is_initialized() and not _C._is_in_bad_fork():
         return
     _C._init()  # raises the "use the 'spawn' start method" error in a bad fork
+
+
+def init() -> None:
+    """Initialises openreg now rather than at its first use (torch.cuda.init);
+    nothing if it is initialised."""
+    _lazy_init()
+
+
+# Raised when a device allocation fails, as torch.cuda.OutOfMemoryError.
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def is_initialized() -> bool:
@@ -95,6 +108,14 @@ class device:
         if self.idx != -1 and self.prev_idx != self.idx:
             set_device(self.prev_idx)
         return False
+
+
+class device_of(device):
+    """Context manager that makes the device of ``obj`` (a tensor or storage) the
+    current openreg device, as torch.cuda.device_of; nothing for another device's."""
+
+    def __init__(self, obj: Any) -> None:
+        super().__init__(obj.device.index if obj.device.type == "openreg" else None)
 
 
 class _DeviceProperties:

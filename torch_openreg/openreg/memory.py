@@ -8,20 +8,29 @@ raises ``torch.OutOfMemoryError``.
 
 from __future__ import annotations
 
+import types
+import warnings
 from collections import OrderedDict
 from typing import Any
 
 import torch
+import torch.cuda.memory
 
 __all__ = [
     "empty_cache",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
     "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
     "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
     "reset_peak_memory_stats",
 ]
 
@@ -72,3 +81,70 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes of ``device``, as torch.cuda.mem_get_info."""
     return torch.accelerator.get_memory_info(_index(device))
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """memory_stats() nested at its dots, as torch.cuda.memory_stats_as_nested_dict:
+    ``stats["allocated_bytes"]["all"]["current"]``."""
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        *path, leaf = key.split(".")
+        level = nested
+        for part in path:
+            level = level.setdefault(part, {})
+        level[leaf] = value
+    return nested
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated in torch.cuda: memory_reserved()."""
+    warnings.warn("torch.openreg.memory_cached has been renamed to torch.openreg.memory_reserved", FutureWarning)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated in torch.cuda: max_memory_reserved()."""
+    warnings.warn(
+        "torch.openreg.max_memory_cached has been renamed to torch.openreg.max_memory_reserved", FutureWarning)
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """Deprecated in torch.cuda: resets every peak statistic (reset_peak_memory_stats)."""
+    warnings.warn(
+        "torch.openreg.reset_max_memory_allocated now calls torch.openreg.reset_peak_memory_stats, which resets "
+        "/all/ peak memory stats.", FutureWarning)
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Deprecated in torch.cuda: resets every peak statistic (reset_peak_memory_stats)."""
+    warnings.warn(
+        "torch.openreg.reset_max_memory_cached now calls torch.openreg.reset_peak_memory_stats, which resets "
+        "/all/ peak memory stats.", FutureWarning)
+    reset_peak_memory_stats(device)
+
+
+# torch.cuda.memory_summary's own code, reading openreg's statistics: the same
+# table, rows and units, so what parses or reads CUDA's summary reads this one.
+_cuda_summary = types.FunctionType(
+    torch.cuda.memory.memory_summary.__code__,
+    {**vars(torch.cuda.memory), "memory_stats": memory_stats, "_get_device_index": lambda device, optional: device},
+    "memory_summary",
+    torch.cuda.memory.memory_summary.__defaults__,
+)
+# The header lines name the device; each replacement keeps the line's width.
+_SUMMARY_NAMES = (("   PyTorch CUDA memory summary", "PyTorch openreg memory summary"),
+                  ("   CUDA OOMs", "openreg OOMs"),
+                  ("  cudaMalloc retries", "      malloc retries"))
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """The caching allocator's statistics as a table, in the layout of
+    torch.cuda.memory_summary (rows: allocated, active, requested, reserved and
+    non-releasable bytes, allocations, segments, oversize ones; columns:
+    current, peak, total allocated, total freed; per pool unless ``abbreviated``)."""
+    summary = _cuda_summary(_index(device), abbreviated)
+    for cuda, openreg in _SUMMARY_NAMES:
+        summary = summary.replace(cuda, openreg, 1)
+    return summary
