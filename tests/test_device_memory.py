@@ -210,6 +210,32 @@ def test_memory_stats_as_nested_dict_and_the_deprecated_names_read_the_same_stat
         assert torch.openreg.max_memory_allocated(1) == torch.openreg.memory_allocated(1)
 
 
+def test_per_process_memory_fraction_limits_the_allocator_as_on_cuda():
+    assert torch.openreg.get_per_process_memory_fraction(1) == 1.0
+    capacity = torch.openreg.get_device_properties(1).total_memory
+    torch.openreg.empty_cache()
+    torch.openreg.set_per_process_memory_fraction(0.2, "openreg:1")
+    try:
+        assert torch.openreg.get_per_process_memory_fraction(1) == 0.2
+        a = torch.empty(int(capacity * 0.15), dtype=torch.uint8, device="openreg:1")
+        ooms = torch.openreg.memory_stats(1)["num_ooms"]
+        with pytest.raises(torch.OutOfMemoryError, match=r"may reserve .* \(set_per_process_memory_fraction\(0.2\)\)"):
+            torch.empty(int(capacity * 0.1), dtype=torch.uint8, device="openreg:1")
+        assert torch.openreg.memory_stats(1)["num_ooms"] == ooms + 1
+        del a
+        b = torch.empty(int(capacity * 0.1), dtype=torch.uint8, device="openreg:1")  # the cache freed, retried
+        assert torch.openreg.memory_reserved(1) <= capacity * 0.2
+        del b
+    finally:
+        torch.openreg.set_per_process_memory_fraction(1.0, 1)
+    assert torch.openreg.get_per_process_memory_fraction(0) == 1.0  # per device
+    with pytest.raises(TypeError, match="must be `float`"):
+        torch.openreg.set_per_process_memory_fraction(1, 1)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"Allowed range: 0~1"):
+            torch.openreg.set_per_process_memory_fraction(bad, 1)
+
+
 def test_peak_stats_reset():
     t = torch.empty(2 * MiB, dtype=torch.uint8, device="openreg:1")
     peak = torch.openreg.max_memory_allocated(1)

@@ -236,6 +236,23 @@ class DeviceCache {
     for_each_stat([](Stat& stat) { stat.reset_peak(); });
   }
 
+  void set_fraction(double fraction) {
+    size_t free = 0;
+    size_t total = 0;
+    {
+      const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
+      OPENREG_CHECK(orMemGetInfo(&free, &total));
+    }
+    const std::lock_guard<SpinLock> lock(lock_);
+    fraction_ = fraction;
+    allowed_ = static_cast<size_t>(fraction * static_cast<double>(total));
+  }
+
+  double fraction() {
+    const std::lock_guard<SpinLock> lock(lock_);
+    return fraction_;
+  }
+
  private:
   static StatType pool_type(const Pool& pool) {
     return pool.small ? StatType::SMALL_POOL : StatType::LARGE_POOL;
@@ -348,6 +365,10 @@ class DeviceCache {
   }
 
   orError device_malloc(void** ptr, size_t bytes) {
+    const auto reserved = static_cast<size_t>(stats_.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
+    if (fraction_ < 1.0 && reserved + bytes > allowed_) {
+      return orError::MemoryAllocation; // set_per_process_memory_fraction's limit
+    }
     const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
     const orError status = orMalloc(ptr, bytes);
     if (status == orError::Success) {
@@ -371,7 +392,12 @@ class DeviceCache {
         ". openreg:", static_cast<int>(device_), " has a total capacity of ", format_bytes(total), " of which ",
         format_bytes(free), " is free. Of the allocated memory ", format_bytes(allocated),
         " is allocated by PyTorch, and ", format_bytes(reserved - allocated),
-        " is reserved by PyTorch but unallocated. Free tensors you no longer need, or set "
+        " is reserved by PyTorch but unallocated.",
+        fraction_ < 1.0 ? c10::str(
+                              " This process may reserve ", format_bytes(allowed_),
+                              " of it (set_per_process_memory_fraction(", fraction_, ")).")
+                        : std::string(),
+        " Free tensors you no longer need, or set "
         "OPENREG_DEVICE_MEMORY (e.g. OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger "
         "device.");
   }
@@ -490,6 +516,9 @@ class DeviceCache {
   Pool large_{false};
   std::deque<DeletedEvent> events_;
   DeviceStats stats_;
+  // set_per_process_memory_fraction: segments may reserve at most allowed_.
+  double fraction_ = 1.0;
+  size_t allowed_ = 0;
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;
   std::vector<Block*> recent_; // freed small blocks, not merged, oldest first
@@ -580,6 +609,16 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     caches_[device]->reset_accumulated();
   }
 
+  void set_memory_fraction(c10::DeviceIndex device, double fraction) {
+    check_device_index(device);
+    caches_[device]->set_fraction(fraction);
+  }
+
+  double get_memory_fraction(c10::DeviceIndex device) {
+    check_device_index(device);
+    return caches_[device]->fraction();
+  }
+
   void resetPeakStats(c10::DeviceIndex device) override {
     check_device_index(device);
     caches_[device]->reset_peak();
@@ -625,6 +664,16 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator_instance());
 
 c10::DeviceAllocator* device_allocator() {
   return &allocator_instance();
+}
+
+void set_memory_fraction(c10::DeviceIndex device, double fraction) {
+  TORCH_CHECK_VALUE(
+      fraction >= 0.0 && fraction <= 1.0, "Invalid fraction value: ", fraction, ". Allowed range: 0~1");
+  allocator_instance().set_memory_fraction(device, fraction);
+}
+
+double get_memory_fraction(c10::DeviceIndex device) {
+  return allocator_instance().get_memory_fraction(device);
 }
 
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {

@@ -361,6 +361,10 @@ PYBIND11_MODULE(_C, m) {
     return std::make_pair(least, greatest);
   });
   m.def("_event_elapsed_time", &event_elapsed_time);
+  m.def("_set_memory_fraction", [](double fraction, int index) {
+    openreg::set_memory_fraction(static_cast<c10::DeviceIndex>(index), fraction);
+  });
+  m.def("_get_memory_fraction", [](int index) { return openreg::get_memory_fraction(static_cast<c10::DeviceIndex>(index)); });
   m.def("_sleep", &sleep_on_current_stream, "Queues a wait of `ms` milliseconds on the current stream.");
   m.def("_install_fault_handler", [] { OPENREG_CHECK(openreg::orInstallFaultHandler()); },
         "Puts openreg's device-memory fault report in front of SIGSEGV handlers installed since.");

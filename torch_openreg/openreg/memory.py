@@ -16,8 +16,11 @@ from typing import Any
 import torch
 import torch.cuda.memory
 
+from torch_openreg import _C
+
 __all__ = [
     "empty_cache",
+    "get_per_process_memory_fraction",
     "max_memory_allocated",
     "max_memory_cached",
     "max_memory_reserved",
@@ -32,6 +35,7 @@ __all__ = [
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 
@@ -81,6 +85,23 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """(free, total) bytes of ``device``, as torch.cuda.mem_get_info."""
     return torch.accelerator.get_memory_info(_index(device))
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Limits the caching allocator of ``device`` to ``fraction`` (0 to 1) of its
+    capacity, as torch.cuda.set_per_process_memory_fraction: an allocation beyond
+    it frees the cache, retries, then raises torch.OutOfMemoryError."""
+    index = _index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C._set_memory_fraction(fraction, index)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The fraction set by set_per_process_memory_fraction (1.0 by default)."""
+    return _C._get_memory_fraction(_index(device))
 
 
 def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
