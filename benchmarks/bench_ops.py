@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ops.py [--size small|large|both] [--only add,sort,...]
                                    [--repeat N] [--calls-scale F] [--json FILE]
-                                   [--sanitizer]
+                                   [--sanitizer] [--record-memory-history]
 
 Each case runs interleaved: pairs of batches, a batch of calls on CPU and one
 on openreg, in alternating order (CPU first, then openreg first; the device is
@@ -499,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sanitizer", action="store_true",
                         help="run under torch.openreg.sanitizer (as TORCH_OPENREG_SANITIZER=1): its cost is "
                              "the openreg column against a run without")
+    parser.add_argument("--record-memory-history", action="store_true",
+                        help="record openreg's allocation history with Python stacks "
+                             "(torch.openreg.memory._record_memory_history(stacks='python')): its cost is the "
+                             "openreg column against a run without")
     args = parser.parse_args(argv)
     if (args.repeat is not None and args.repeat < 1) or args.placements < 1 or args.calls_scale <= 0:
         parser.error("--repeat and --placements must be at least 1, --calls-scale positive")
@@ -510,13 +514,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.sanitizer:
         torch.openreg.sanitizer.enable()
+    if args.record_memory_history:
+        torch.openreg.memory._record_memory_history(stacks="python", max_entries=100_000)
     bound = info.bindings()
     labels = {c.name: info.classify(c.op, bound).category for c in cases}
     repeat = {size: args.repeat or REPEAT[size] for size in REPEAT}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"repeat {repeat['small']} small / {repeat['large']} large, "
           f"placements {args.placements}, calls x{args.calls_scale:g}"
-          f"{', sanitizer on' if torch.openreg.sanitizer.is_enabled() else ''}; ratio = openreg / CPU")
+          f"{', sanitizer on' if torch.openreg.sanitizer.is_enabled() else ''}"
+          f"{', memory history recorded' if args.record_memory_history else ''}; ratio = openreg / CPU")
     print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio", "q1-q3",
                      "  GB/s cpu / openreg"))
     rows = []

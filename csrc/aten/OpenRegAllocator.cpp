@@ -22,7 +22,9 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -78,6 +80,7 @@ struct Block {
   Block* prev = nullptr; // neighbours within the segment
   Block* next = nullptr;
   std::unordered_set<c10::StreamId> stream_uses;
+  std::shared_ptr<c10::GatheredContext> context; // of its allocation, while recorded
 
   Block(c10::DeviceIndex device, c10::StreamId stream, size_t size, void* ptr, Pool* pool)
       : device(device), stream(stream), size(size), ptr(ptr), pool(pool) {}
@@ -132,6 +135,34 @@ struct DeletedEvent {
   Block* block;
 };
 
+// Memory history (record_memory_history): whether any is recorded, read on
+// every allocation and free; the settings, under their mutex.
+std::atomic<bool> recording_history{false};
+std::mutex history_mutex;
+MemoryHistory history_settings;
+
+MemoryHistory current_history() {
+  const std::lock_guard<std::mutex> lock(history_mutex);
+  return history_settings;
+}
+
+// The context of an allocation (alloc) or a free (!alloc), gathered before the
+// allocator's lock is taken; null when none is recorded.
+std::shared_ptr<c10::GatheredContext> gather_context(bool alloc) {
+  if (C10_LIKELY(!recording_history.load(std::memory_order_relaxed))) {
+    return nullptr;
+  }
+  const MemoryHistory history = current_history();
+  const bool wanted = alloc ? history.block_context || history.alloc_context : history.free_context;
+  return wanted && history.gather != nullptr ? history.gather() : nullptr;
+}
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Everything the allocator knows of one device, under one lock (a spin lock:
 // allocation and free are on every kernel call's path).
 class DeviceCache {
@@ -141,7 +172,11 @@ class DeviceCache {
   }
 
   Block* allocate(size_t requested, c10::StreamId stream) {
+    std::shared_ptr<c10::GatheredContext> context = gather_context(/*alloc=*/true);
     const std::lock_guard<SpinLock> lock(lock_);
+    if (C10_UNLIKELY(context != nullptr)) {
+      context_ = context; // for new_segment's and raise_oom's events
+    }
     process_events();
     const size_t size = round_size(requested);
     Pool& pool = size <= kSmallSize ? small_ : large_;
@@ -159,6 +194,13 @@ class DeviceCache {
     }
     block->allocated = true;
     block->requested = requested;
+    if (C10_UNLIKELY(context != nullptr || history_.trace)) {
+      if (history_.block_context) {
+        block->context = context;
+      }
+      trace(TraceAction::kAlloc, block->ptr, block->size, stream, history_.alloc_context ? context : nullptr);
+      context_.reset();
+    }
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
       const auto t = static_cast<size_t>(type);
       stats_.allocation[t].increase(1);
@@ -171,8 +213,16 @@ class DeviceCache {
   }
 
   void free(Block* block) {
+    std::shared_ptr<c10::GatheredContext> context = gather_context(/*alloc=*/false);
     const std::lock_guard<SpinLock> lock(lock_);
     block->allocated = false;
+    if (C10_UNLIKELY(history_.trace || block->context != nullptr)) {
+      block->context.reset();
+      trace(TraceAction::kFreeRequested, block->ptr, block->size, block->stream, context);
+      if (block->stream_uses.empty()) {
+        trace(TraceAction::kFreeCompleted, block->ptr, block->size, block->stream, context);
+      }
+    }
     for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
       const auto t = static_cast<size_t>(type);
       stats_.allocation[t].decrease(1);
@@ -234,6 +284,47 @@ class DeviceCache {
   void reset_peak() {
     const std::lock_guard<SpinLock> lock(lock_);
     for_each_stat([](Stat& stat) { stat.reset_peak(); });
+  }
+
+  void set_history(const MemoryHistory& history, bool clear_trace) {
+    std::vector<TraceEntry> dropped; // contexts released outside the lock
+    {
+      const std::lock_guard<SpinLock> lock(lock_);
+      history_ = history;
+      if (clear_trace || !history.trace) {
+        dropped.swap(trace_);
+        trace_next_ = 0;
+      }
+    }
+  }
+
+  // This device's segments (appended to `segments`) and trace.
+  std::vector<TraceEntry> snapshot(std::vector<SnapshotSegment>& segments) {
+    const std::lock_guard<SpinLock> lock(lock_);
+    process_events();
+    for (const auto& [address, first] : segments_) {
+      SnapshotSegment segment{device_, address};
+      segment.stream = first->stream;
+      segment.large = !first->pool->small;
+      for (const Block* block = first; block != nullptr; block = block->next) {
+        const bool active = block->allocated || block->pending_events > 0;
+        segment.total_size += block->size;
+        segment.allocated_size += block->allocated ? block->size : 0;
+        segment.active_size += active ? block->size : 0;
+        segment.requested_size += block->allocated ? block->requested : 0;
+        segment.blocks.push_back(SnapshotBlock{
+            reinterpret_cast<uintptr_t>(block->ptr), block->size, block->allocated ? block->requested : 0,
+            block->allocated ? "active_allocated" : active ? "active_pending_free" : "inactive", block->context});
+      }
+      segments.push_back(std::move(segment));
+    }
+    if (history_.trace) {
+      push_trace(TraceEntry{TraceAction::kSnapshot});
+    }
+    // Oldest first: the ring's next slot is its oldest entry once it is full.
+    std::vector<TraceEntry> trace(trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_), trace_.end());
+    trace.insert(trace.end(), trace_.begin(), trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_));
+    return trace;
   }
 
   void set_fraction(double fraction) {
@@ -361,7 +452,10 @@ class DeviceCache {
       stats_.segment[t].increase(1);
       stats_.reserved_bytes[t].increase(bytes);
     }
-    return make_block(stream, bytes, ptr, &pool);
+    Block* block = make_block(stream, bytes, ptr, &pool);
+    segments_[reinterpret_cast<uintptr_t>(ptr)] = block;
+    trace(TraceAction::kSegmentAlloc, ptr, bytes, stream, history_.alloc_context ? context_ : nullptr);
+    return block;
   }
 
   orError device_malloc(void** ptr, size_t bytes) {
@@ -387,6 +481,14 @@ class DeviceCache {
     }
     const auto allocated = static_cast<size_t>(stats_.allocated_bytes[agg].current);
     const auto reserved = static_cast<size_t>(stats_.reserved_bytes[agg].current);
+    if (history_.trace) {
+      TraceEntry entry{TraceAction::kOom};
+      entry.size = requested;
+      entry.device_free = free;
+      entry.context = history_.alloc_context ? context_ : nullptr;
+      push_trace(std::move(entry));
+    }
+    context_.reset();
     TORCH_CHECK_WITH(
         OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(requested),
         ". openreg:", static_cast<int>(device_), " has a total capacity of ", format_bytes(total), " of which ",
@@ -450,6 +552,8 @@ class DeviceCache {
       into->prev = other->prev;
       if (into->prev != nullptr) {
         into->prev->next = into;
+      } else {
+        segments_[reinterpret_cast<uintptr_t>(into->ptr)] = into; // the segment's first block now
       }
     } else {
       into->next = other->next;
@@ -484,6 +588,7 @@ class DeviceCache {
   void finish_event(const DeletedEvent& e) {
     OPENREG_CHECK(orEventDestroy(e.event));
     if (--e.block->pending_events == 0) {
+      trace(TraceAction::kFreeCompleted, e.block->ptr, e.block->size, e.block->stream, nullptr);
       release_to_pool(e.block);
     }
   }
@@ -500,6 +605,8 @@ class DeviceCache {
         it = pool->free.erase(it);
         OPENREG_CHECK(orFree(block->ptr));
         ++stats_.num_device_free;
+        segments_.erase(reinterpret_cast<uintptr_t>(block->ptr));
+        trace(TraceAction::kSegmentFree, block->ptr, block->size, block->stream, nullptr);
         for (StatType type : {StatType::AGGREGATE, pool_type(*pool)}) {
           const auto t = static_cast<size_t>(type);
           stats_.segment[t].decrease(1);
@@ -507,6 +614,30 @@ class DeviceCache {
         }
         delete block;
       }
+    }
+  }
+
+  void trace(
+      TraceAction action,
+      void* addr,
+      size_t size,
+      c10::StreamId stream,
+      std::shared_ptr<c10::GatheredContext> context) {
+    if (C10_LIKELY(!history_.trace)) {
+      return;
+    }
+    TraceEntry entry{action, reinterpret_cast<uintptr_t>(addr), size, stream};
+    entry.context = std::move(context);
+    push_trace(std::move(entry));
+  }
+
+  void push_trace(TraceEntry entry) {
+    entry.time_us = now_us();
+    if (trace_.size() < history_.max_entries) {
+      trace_.push_back(std::move(entry));
+    } else if (history_.max_entries > 0) {
+      trace_[trace_next_] = std::move(entry);
+      trace_next_ = (trace_next_ + 1) % history_.max_entries;
     }
   }
 
@@ -519,6 +650,13 @@ class DeviceCache {
   // set_per_process_memory_fraction: segments may reserve at most allowed_.
   double fraction_ = 1.0;
   size_t allowed_ = 0;
+  // Memory history: the settings, the trace (a ring of max_entries), the
+  // context of the allocation in progress, and every segment by address.
+  MemoryHistory history_;
+  std::vector<TraceEntry> trace_;
+  size_t trace_next_ = 0;
+  std::shared_ptr<c10::GatheredContext> context_;
+  std::map<uintptr_t, Block*> segments_;
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;
   std::vector<Block*> recent_; // freed small blocks, not merged, oldest first
@@ -609,6 +747,20 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     caches_[device]->reset_accumulated();
   }
 
+  void record_history(const MemoryHistory& history, bool clear_trace) {
+    for (const auto& cache : caches_) {
+      cache->set_history(history, clear_trace);
+    }
+  }
+
+  MemorySnapshot snapshot() {
+    MemorySnapshot out;
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i) {
+      out.device_traces.push_back(caches_[i]->snapshot(out.segments));
+    }
+    return out;
+  }
+
   void set_memory_fraction(c10::DeviceIndex device, double fraction) {
     check_device_index(device);
     caches_[device]->set_fraction(fraction);
@@ -674,6 +826,19 @@ void set_memory_fraction(c10::DeviceIndex device, double fraction) {
 
 double get_memory_fraction(c10::DeviceIndex device) {
   return allocator_instance().get_memory_fraction(device);
+}
+
+void record_memory_history(const MemoryHistory& history, bool clear_trace) {
+  {
+    const std::lock_guard<std::mutex> lock(history_mutex);
+    history_settings = history;
+  }
+  allocator_instance().record_history(history, clear_trace);
+  recording_history.store(history.gather != nullptr, std::memory_order_relaxed);
+}
+
+MemorySnapshot memory_snapshot() {
+  return allocator_instance().snapshot();
 }
 
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {

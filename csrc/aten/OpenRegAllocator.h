@@ -3,6 +3,11 @@
 // backend only through that interface (c10/core/CachingDeviceAllocator.h).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
@@ -24,5 +29,56 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);
 // retries, then raises torch.OutOfMemoryError naming the limit.
 void set_memory_fraction(c10::DeviceIndex device, double fraction);
 double get_memory_fraction(c10::DeviceIndex device);
+
+// Memory history, as CUDACachingAllocator records it for
+// torch.cuda.memory._record_memory_history and _snapshot. `gather` (set by
+// csrc/python: the Python stack, torch's CapturedTraceback) makes the context
+// of an event; it runs in the allocating thread, outside the allocator's lock.
+using GatherContext = std::shared_ptr<c10::GatheredContext> (*)();
+struct MemoryHistory {
+  bool trace = false; // keep a trace of alloc/free/segment events ("all")
+  bool block_context = false; // live blocks keep their allocation's context
+  bool alloc_context = false; // alloc and segment_alloc events carry one
+  bool free_context = false; // free events carry one
+  size_t max_entries = 0; // of the trace, per device; then the oldest go
+  GatherContext gather = nullptr; // null: recording is off
+};
+void record_memory_history(const MemoryHistory& history, bool clear_trace);
+
+enum class TraceAction { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOom, kSnapshot };
+struct TraceEntry {
+  TraceAction action;
+  uintptr_t addr = 0;
+  size_t size = 0;
+  c10::StreamId stream = 0;
+  int64_t time_us = 0;
+  size_t device_free = 0; // for kOom
+  std::shared_ptr<c10::GatheredContext> context;
+};
+struct SnapshotBlock {
+  uintptr_t address;
+  size_t size;
+  size_t requested;
+  const char* state; // "active_allocated", "active_pending_free" or "inactive"
+  std::shared_ptr<c10::GatheredContext> context;
+};
+struct SnapshotSegment {
+  c10::DeviceIndex device;
+  uintptr_t address;
+  size_t total_size = 0;
+  size_t allocated_size = 0;
+  size_t active_size = 0;
+  size_t requested_size = 0;
+  c10::StreamId stream;
+  bool large;
+  std::vector<SnapshotBlock> blocks;
+};
+struct MemorySnapshot {
+  std::vector<SnapshotSegment> segments; // every device's
+  std::vector<std::vector<TraceEntry>> device_traces; // per device, oldest first
+};
+// The segments and blocks of every device, and the traces recorded so far
+// (a "snapshot" event is added to each).
+MemorySnapshot memory_snapshot();
 
 } // namespace openreg

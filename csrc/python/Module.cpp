@@ -9,6 +9,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/dynamo/cpython_includes.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_numbers.h>
 
@@ -37,7 +38,166 @@
 #include "profiler/OpenRegActivityRecorder.h"
 #include "runtime/OpenRegRuntime.h"
 
+// From torch/csrc/profiler/python/combined_traceback.h, which the wheel ships
+// but cannot be included (it includes nlohmann/json.hpp, which it does not).
+namespace torch {
+TORCH_API std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+TORCH_PYTHON_API void installCapturedTracebackPython();
+} // namespace torch
+
 namespace {
+
+// Memory history (torch.openreg.memory._record_memory_history, _snapshot):
+// the allocator records contexts that this function gathers, the Python stack
+// (and TorchScript's, and C++ frames with stacks="all") as torch's
+// CapturedTraceback, which CUDA's allocator records too.
+std::atomic<bool> gather_cpp_frames{false};
+
+std::shared_ptr<c10::GatheredContext> gather_stack() {
+  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, gather_cpp_frames.load());
+}
+
+void record_memory_history(
+    const std::optional<std::string>& enabled,
+    const std::optional<std::string>& context,
+    const std::string& stacks,
+    size_t max_entries,
+    bool clear_history) {
+  TORCH_CHECK_VALUE(
+      !enabled || *enabled == "state" || *enabled == "all", "_record_memory_history: enabled must be None, "
+      "'state' or 'all', got '", enabled.value_or(""), "'");
+  TORCH_CHECK_VALUE(
+      !context || *context == "state" || *context == "alloc" || *context == "all",
+      "_record_memory_history: context must be None, 'state', 'alloc' or 'all', got '", context.value_or(""), "'");
+  TORCH_CHECK_VALUE(
+      stacks == "python" || stacks == "all", "_record_memory_history: stacks must be 'python' or 'all', got '",
+      stacks, "'");
+  openreg::MemoryHistory history;
+  if (enabled) {
+    history.trace = *enabled == "all";
+    history.max_entries = max_entries;
+    if (context) {
+      static const bool installed = [] {
+        torch::installCapturedTracebackPython();
+        return true;
+      }();
+      (void)installed;
+      history.block_context = true;
+      history.alloc_context = *context != "state";
+      history.free_context = *context == "all";
+      history.gather = &gather_stack;
+      gather_cpp_frames = stacks == "all";
+    }
+  }
+  openreg::record_memory_history(history, clear_history);
+}
+
+const char* trace_action_name(openreg::TraceAction action) {
+  switch (action) {
+    case openreg::TraceAction::kAlloc:
+      return "alloc";
+    case openreg::TraceAction::kFreeRequested:
+      return "free_requested";
+    case openreg::TraceAction::kFreeCompleted:
+      return "free_completed";
+    case openreg::TraceAction::kSegmentAlloc:
+      return "segment_alloc";
+    case openreg::TraceAction::kSegmentFree:
+      return "segment_free";
+    case openreg::TraceAction::kOom:
+      return "oom";
+    case openreg::TraceAction::kSnapshot:
+      return "snapshot";
+  }
+  return "unknown";
+}
+
+// The snapshot as torch.cuda.memory._snapshot() lays it out, so that
+// torch.cuda._memory_viz and PyTorch's memory viewer read it.
+py::dict memory_snapshot() {
+  openreg::MemorySnapshot snapshot;
+  {
+    const py::gil_scoped_release no_gil; // the allocator's lock is taken without the GIL
+    snapshot = openreg::memory_snapshot();
+  }
+  // Every context symbolized once, in one batch.
+  std::vector<torch::CapturedTraceback*> contexts;
+  auto note = [&](const std::shared_ptr<c10::GatheredContext>& context) {
+    if (auto* traceback = dynamic_cast<torch::CapturedTraceback*>(context.get())) {
+      contexts.push_back(traceback);
+    }
+  };
+  for (const auto& segment : snapshot.segments) {
+    for (const auto& block : segment.blocks) {
+      note(block.context);
+    }
+  }
+  for (const auto& trace : snapshot.device_traces) {
+    for (const auto& entry : trace) {
+      note(entry.context);
+    }
+  }
+  std::sort(contexts.begin(), contexts.end());
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
+  const std::vector<py::object> symbolized = torch::py_symbolize(contexts);
+  auto frames = [&](const std::shared_ptr<c10::GatheredContext>& context) -> py::object {
+    auto* traceback = dynamic_cast<torch::CapturedTraceback*>(context.get());
+    if (traceback == nullptr) {
+      return py::list();
+    }
+    const auto it = std::lower_bound(contexts.begin(), contexts.end(), traceback);
+    return symbolized[static_cast<size_t>(it - contexts.begin())];
+  };
+  py::list segments;
+  for (const auto& segment : snapshot.segments) {
+    py::dict s;
+    s["device"] = segment.device;
+    s["address"] = segment.address;
+    s["total_size"] = segment.total_size;
+    s["allocated_size"] = segment.allocated_size;
+    s["active_size"] = segment.active_size;
+    s["requested_size"] = segment.requested_size;
+    s["stream"] = segment.stream;
+    s["segment_type"] = segment.large ? "large" : "small";
+    s["segment_pool_id"] = py::make_tuple(0, 0);
+    s["is_expandable"] = false;
+    s["frames"] = py::list();
+    py::list blocks;
+    for (const auto& block : segment.blocks) {
+      py::dict b;
+      b["address"] = block.address;
+      b["size"] = block.size;
+      b["requested_size"] = block.requested;
+      b["state"] = block.state;
+      b["frames"] = frames(block.context);
+      blocks.append(b);
+    }
+    s["blocks"] = blocks;
+    segments.append(s);
+  }
+  py::list device_traces;
+  for (const auto& trace : snapshot.device_traces) {
+    py::list entries;
+    for (const auto& entry : trace) {
+      py::dict e;
+      e["action"] = trace_action_name(entry.action);
+      e["addr"] = entry.addr;
+      e["size"] = entry.size;
+      e["stream"] = entry.stream;
+      e["time_us"] = entry.time_us;
+      e["frames"] = frames(entry.context);
+      if (entry.action == openreg::TraceAction::kOom) {
+        e["device_free"] = entry.device_free;
+      }
+      entries.append(e);
+    }
+    device_traces.append(entries);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = device_traces;
+  return out;
+}
 
 py::object default_generator(c10::DeviceIndex index) {
   return py::reinterpret_steal<py::object>(
@@ -361,6 +521,8 @@ PYBIND11_MODULE(_C, m) {
     return std::make_pair(least, greatest);
   });
   m.def("_event_elapsed_time", &event_elapsed_time);
+  m.def("_record_memory_history", &record_memory_history);
+  m.def("_memory_snapshot", &memory_snapshot);
   m.def("_set_memory_fraction", [](double fraction, int index) {
     openreg::set_memory_fraction(static_cast<c10::DeviceIndex>(index), fraction);
   });

@@ -8,6 +8,8 @@ raises ``torch.OutOfMemoryError``.
 
 from __future__ import annotations
 
+import pickle
+import sys
 import types
 import warnings
 from collections import OrderedDict
@@ -169,3 +171,44 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     for cuda, openreg in _SUMMARY_NAMES:
         summary = summary.replace(cuda, openreg, 1)
     return summary
+
+
+def _record_memory_history(
+    enabled: str | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+) -> None:
+    """Records the allocator's history for _snapshot(), as
+    torch.cuda.memory._record_memory_history: ``enabled`` None (off), "state"
+    (live blocks keep the stack that allocated them) or "all" (also a trace of
+    alloc, free and segment events, at most ``max_entries`` per device, the
+    oldest dropped); ``context`` None, "state", "alloc" or "all" (which events
+    keep a stack); ``stacks`` "python" or "all" (C++ frames too). Every device
+    is recorded (``device`` is accepted for torch.cuda's signature)."""
+    if device is not None:
+        _index(device)
+    if isinstance(enabled, bool):
+        raise TypeError("_record_memory_history(enabled=...) takes None, 'state' or 'all', not a bool")
+    _C._record_memory_history(enabled, context, stacks, max_entries, clear_history)
+
+
+def _snapshot(device: Any = None) -> dict[str, Any]:
+    """The allocator's state, as torch.cuda.memory._snapshot(): ``segments``
+    (every device's, each with its ``blocks``, their state and the stack that
+    allocated them) and ``device_traces`` (per device, the recorded events,
+    oldest first). torch.cuda._memory_viz reads it: ``python -m
+    torch.cuda._memory_viz trace_plot snapshot.pickle -o trace.html``."""
+    if device is not None:
+        _index(device)
+    return _C._memory_snapshot()
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickles _snapshot() to ``filename``, as torch.cuda.memory._dump_snapshot
+    (PyTorch's memory viewer, pytorch.org/memory_viz, opens the file)."""
+    snapshot = _snapshot()
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot, f)
