@@ -326,6 +326,109 @@ def new_groups_use_openreg_gloo_too(r: Rank):
     dist.destroy_process_group(group)
 
 
+# --- DTensor, FSDP2, distributed checkpoints: torch's C++ functional collectives ---------
+
+
+def mesh_of(r: Rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("openreg", (r.world,))
+
+
+def chunk(t: torch.Tensor, r: Rank, dim: int = 0) -> torch.Tensor:
+    return t.chunk(r.world, dim)[r.rank]
+
+
+@on_every_rank
+def functional_collectives_gather_and_reduce_scatter_on_the_device(r: Rank):
+    # torch.ops._c10d_functional (DTensor's collectives) run in C++ and reach the group
+    # through ProcessGroup::all_gather_single_coalesced / reduce_scatter_single_coalesced.
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    t = per_rank(r, 4).to(r.device)
+    whole = torch.cat(every_ranks(4))
+    total = sum(every_ranks(4))
+    assert_same(funcol.all_gather_tensor(t, 0, group), whole, r.device)
+    gathered = funcol.all_gather_into_tensor_coalesced([t, t * 2], group)
+    assert_same(gathered[0], whole, r.device)
+    assert_same(gathered[1], whole * 2, r.device)
+    assert_same(funcol.reduce_scatter_tensor(t, "sum", 0, group), chunk(total, r), r.device)
+    scattered = funcol.reduce_scatter_tensor_coalesced([t, t * 2], "sum", [0, 0], group)
+    assert_same(scattered[0], chunk(total, r), r.device)
+    assert_same(scattered[1], chunk(total * 2, r), r.device)
+
+
+@on_every_rank
+def dtensor_shards_gathers_and_redistributes_as_the_whole_tensor(r: Rank):
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    mesh = mesh_of(r)
+    whole = torch.arange(32.0).reshape(8, 4)
+    d = distribute_tensor(whole, mesh, [Shard(0)])
+    assert_same(d.to_local(), chunk(whole, r), r.device)
+    assert_same(d.full_tensor(), whole, r.device)
+    assert_same(d.redistribute(mesh, [Replicate()]).to_local(), whole, r.device)
+    assert_same(d.redistribute(mesh, [Shard(1)]).to_local(), chunk(whole, r, 1), r.device)
+    partial = DTensor.from_local(per_rank(r, 4).to(r.device), mesh, [Partial()])
+    total = sum(every_ranks(4))
+    assert_same(partial.redistribute(mesh, [Shard(0)]).to_local(), chunk(total, r), r.device)
+    assert_same(partial.full_tensor(), total, r.device)
+    # Operators and autograd on DTensors: sum(a @ b) with a sharded by rows.
+    a = distribute_tensor(whole, mesh, [Shard(0)]).requires_grad_()
+    b = distribute_tensor(torch.ones(4, 3), mesh, [Replicate()])
+    y = (a @ b).sum()
+    assert_same(y.full_tensor(), (whole @ torch.ones(4, 3)).sum(), r.device)
+    y.backward()
+    assert_same(a.grad.full_tensor(), torch.full((8, 4), 3.0), r.device)
+
+
+@on_every_rank
+def fsdp2_training_steps_match_one_process_on_the_whole_batch(r: Rank):
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    model.to(r.device)
+    mesh = mesh_of(r)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.01)
+    batches = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(4 * r.world, 8, generator=batches)
+        model(chunk(x, r).to(r.device)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        reference(x).square().mean().backward()  # the mean of the ranks' gradients
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+    for param, expected in zip(model.parameters(), reference.parameters()):
+        full = param.full_tensor()
+        assert full.device == r.device
+        torch.testing.assert_close(full.cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+@on_every_rank
+def distributed_checkpoint_saves_and_loads_sharded_tensors(r: Rank):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = mesh_of(r)
+    whole = torch.arange(16.0).reshape(4, 4)
+    path = str(r.directory / "checkpoint")
+    dcp.save({"w": distribute_tensor(whole, mesh, [Shard(0)]), "step": 3}, checkpoint_id=path)
+    target = {"w": distribute_tensor(torch.zeros(4, 4), mesh, [Shard(1)]), "step": 0}
+    dcp.load(target, checkpoint_id=path)  # resharded: saved by rows, loaded by columns
+    assert target["step"] == 3
+    assert_same(target["w"].to_local(), chunk(whole, r, 1), r.device)
+
+
 def train(r: Rank, ddp_kwargs: dict, steps: int = 5) -> list[torch.Tensor]:
     """DDP on openreg, each rank on its half of every batch; returns the final weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP

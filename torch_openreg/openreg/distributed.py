@@ -127,6 +127,13 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         # keeps in its backends (ProcessGroup::setGroupName), live there too.
         self._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
         self._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._gloo)
+        # A plain group over the same gloo, for the coalesced collectives that gloo's
+        # Python binding does not expose (all_gather_single_coalesced below); calling
+        # them on this group would come back to the Python methods through the
+        # trampoline. Its tensors are CPU tensors and aliases only.
+        self._gloo_group = c10d.ProcessGroup(rank, size)
+        self._gloo_group._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
+        self._gloo_group._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._gloo)
         # The tensors this group made for gloo (CPU aliases, contiguous copies), one
         # list per call, kept until gloo has let go of them: see _retire.
         self._in_flight: list[list[torch.Tensor]] = []
@@ -285,6 +292,28 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         """``reduce_scatter_tensor``."""
         opts = _options(c10d.ReduceScatterOptions, opts)
         return self._run("reduce_scatter_tensor", self._gloo._reduce_scatter_base, (output, input, opts))
+
+    # The coalesced forms DTensor's functional collectives call from C++
+    # (_c10d_functional.all_gather_into_tensor, reduce_scatter_tensor and their
+    # _coalesced forms reach ProcessGroup::all_gather_single_coalesced and
+    # reduce_scatter_single_coalesced, which the trampoline forwards here). Without
+    # them, C++ would ask the group for an openreg backend, and there is none.
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """``all_gather_into_tensor_coalesced``: outputs[i] gathers every rank's inputs[i]."""
+        opts = _options(c10d.AllgatherOptions, opts)
+        return self._run(
+            "all_gather_into_tensor_coalesced", self._gloo_group.all_gather_single_coalesced,
+            (outputs, inputs, opts), result=outputs,
+        )
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """``reduce_scatter_tensor_coalesced``: outputs[i] gets its chunk of inputs[i] reduced."""
+        opts = _options(c10d.ReduceScatterOptions, opts)
+        return self._run(
+            "reduce_scatter_tensor_coalesced", self._gloo_group.reduce_scatter_single_coalesced,
+            (outputs, inputs, opts),
+        )
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = _options(c10d.AllToAllOptions, opts)
