@@ -429,6 +429,73 @@ def distributed_checkpoint_saves_and_loads_sharded_tensors(r: Rank):
     assert_same(target["w"].to_local(), chunk(whole, r, 1), r.device)
 
 
+@on_every_rank
+def fsdp2_with_mixed_precision_matches_one_process_in_bfloat16(r: Rank):
+    # MixedPrecisionPolicy: bfloat16 parameters in forward/backward, float32 reduction.
+    import copy
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    model.to(r.device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mesh = mesh_of(r)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    x = torch.randn(4 * r.world, 8, generator=torch.Generator().manual_seed(2))
+    out = model(chunk(x, r).to(r.device))
+    assert out.dtype == torch.bfloat16
+    out.float().square().mean().backward()
+    reference.to(torch.bfloat16)(x.bfloat16()).float().square().mean().backward()
+    for param, expected in zip(model.parameters(), reference.parameters()):
+        grad = param.grad.full_tensor()
+        assert grad.dtype == torch.float32 and grad.device == r.device
+        torch.testing.assert_close(grad.cpu(), expected.grad.float(), rtol=2e-2, atol=2e-2)
+
+
+@on_every_rank
+def tensor_parallel_block_matches_one_process(r: Rank):
+    # parallelize_module: the first linear split by columns, the second by rows.
+    import copy
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    reference = copy.deepcopy(block)
+    block.to(r.device)
+    parallelize_module(block, mesh_of(r), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    out = block(x.to(r.device))
+    expected = reference(x)
+    torch.testing.assert_close(out.cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(block[0].weight.grad.full_tensor().cpu(), reference[0].weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(block[2].weight.grad.full_tensor().cpu(), reference[2].weight.grad, rtol=1e-5, atol=1e-6)
+
+
+@on_every_rank
+def all_to_all_single_with_uneven_splits_and_batch_isend_irecv(r: Rank):
+    # Rank 0 sends 1 element to rank 0 and 3 to rank 1; rank 1 sends 2 and 2.
+    sends = [[1, 3], [2, 2]]
+    t = per_rank(r, 4).to(r.device)
+    received = [sends[src][r.rank] for src in range(r.world)]
+    out = torch.empty(sum(received), device=r.device)
+    dist.all_to_all_single(out, t, output_split_sizes=received, input_split_sizes=sends[r.rank])
+    expected = torch.cat([every_ranks(4)[src].split(sends[src])[r.rank] for src in range(r.world)])
+    assert_same(out, expected, r.device)
+    peer = 1 - r.rank
+    inbox = torch.empty(3, device=r.device)
+    ops = [dist.P2POp(dist.isend, per_rank(r, 3).to(r.device), peer), dist.P2POp(dist.irecv, inbox, peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert_same(inbox, every_ranks(3)[peer], r.device)
+
+
 def train(r: Rank, ddp_kwargs: dict, steps: int = 5) -> list[torch.Tensor]:
     """DDP on openreg, each rank on its half of every batch; returns the final weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP
