@@ -496,6 +496,22 @@ def all_to_all_single_with_uneven_splits_and_batch_isend_irecv(r: Rank):
     assert_same(inbox, every_ranks(3)[peer], r.device)
 
 
+@on_every_rank
+def compiled_functional_collectives_match_eager(r: Rank):
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+
+    def step(t):
+        reduced = funcol.all_reduce(t * 2, "sum", group)
+        gathered = funcol.all_gather_tensor(reduced + 1, 0, group)
+        return gathered.sum(0)
+
+    t = per_rank(r, 4).to(r.device)
+    compiled = torch.compile(step, backend="inductor", fullgraph=True)  # the collectives in the graph
+    assert_same(compiled(t), step(t).cpu(), r.device)
+
+
 def train(r: Rank, ddp_kwargs: dict, steps: int = 5) -> list[torch.Tensor]:
     """DDP on openreg, each rank on its half of every batch; returns the final weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -519,6 +535,27 @@ def train(r: Rank, ddp_kwargs: dict, steps: int = 5) -> list[torch.Tensor]:
     weights = [p.detach().cpu() for p in ddp.module.parameters()]
     assert not all(torch.equal(a, b) for a, b in zip(weights, reference)), "training changed nothing"
     return weights
+
+
+@on_every_rank
+def ddp_measures_its_times_on_the_device_without_a_warning(r: Rank):
+    # DDP's reducer times forward, backward and communication with a timer per device
+    # type (c10d::TimerRegistry); openreg registers one (csrc/distributed), so DDP
+    # neither warns "Time stats are currently only collected for CPU and CUDA devices"
+    # nor leaves the times out of its logging data.
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(torch.nn.Linear(6, 3).to(r.device))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):  # the reducer measures the previous iteration at each forward
+            ddp(torch.randn(4, 6, device=r.device)).sum().backward()
+    assert not [w for w in caught if "Time stats" in str(w.message)], [str(w.message) for w in caught]
+    data = ddp._get_ddp_logging_data()
+    assert data.get("avg_backward_compute_time", 0) > 0, data
+    assert data.get("avg_forward_compute_time", 0) > 0, data
 
 
 def one_process_on_the_whole_batch(steps: int = 5) -> list[torch.Tensor]:
