@@ -383,8 +383,9 @@ def dtensor_shards_gathers_and_redistributes_as_the_whole_tensor(r: Rank):
     assert_same(a.grad.full_tensor(), torch.full((8, 4), 3.0), r.device)
 
 
-@on_every_rank
-def fsdp2_training_steps_match_one_process_on_the_whole_batch(r: Rank):
+def fully_sharded_mlp(r: Rank, **fully_shard_kwargs):
+    """A small MLP on the device, fully_shard-ed layer by layer over the ranks, and the
+    same MLP on the CPU (the oracle)."""
     import copy
 
     from torch.distributed.fsdp import fully_shard
@@ -394,9 +395,14 @@ def fsdp2_training_steps_match_one_process_on_the_whole_batch(r: Rank):
     reference = copy.deepcopy(model)
     model.to(r.device)
     mesh = mesh_of(r)
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh, **fully_shard_kwargs)
+    return model, reference
+
+
+@on_every_rank
+def fsdp2_training_steps_match_one_process_on_the_whole_batch(r: Rank):
+    model, reference = fully_sharded_mlp(r)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.01)
     batches = torch.Generator().manual_seed(1)
@@ -432,19 +438,10 @@ def distributed_checkpoint_saves_and_loads_sharded_tensors(r: Rank):
 @on_every_rank
 def fsdp2_with_mixed_precision_matches_one_process_in_bfloat16(r: Rank):
     # MixedPrecisionPolicy: bfloat16 parameters in forward/backward, float32 reduction.
-    import copy
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    reference = copy.deepcopy(model)
-    model.to(r.device)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    mesh = mesh_of(r)
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    model, reference = fully_sharded_mlp(r, mp_policy=policy)
     x = torch.randn(4 * r.world, 8, generator=torch.Generator().manual_seed(2))
     out = model(chunk(x, r).to(r.device))
     assert out.dtype == torch.bfloat16
