@@ -680,6 +680,7 @@ class Launch:
     timed_out: bool
     leftovers: list[int]
     logs: str
+    directory: Path  # where the launched processes wrote
 
 
 def _processes_with(token: str) -> list[int]:
@@ -733,7 +734,7 @@ def launch(commands: list[list[str]], directory: Path) -> Launch:
         time.sleep(0.1)
         leftovers = _processes_with(token)
     text = "\n".join(f"--- {log.name}\n{_tail(log)}" for log in logs)
-    return Launch([p.returncode for p in processes], timed_out, leftovers, text)
+    return Launch([p.returncode for p in processes], timed_out, leftovers, text, directory)
 
 
 def _tail(path: Path, lines: int = 60) -> str:
@@ -781,6 +782,20 @@ def test_ranks_import_this_worktrees_torch_openreg_and_finish(two_ranks):
     for report in reports:
         assert report.get("torch_openreg") == torch_openreg.__file__
         assert report.get("done") == "ok", result.logs
+
+
+def test_a_checkpoint_saved_on_two_ranks_loads_in_one_process(two_ranks):
+    # distributed_checkpoint_saves_and_loads_sharded_tensors saved a DTensor sharded by
+    # rows over two ranks; one process without a group loads it whole, on the device.
+    import torch.distributed.checkpoint as dcp
+
+    reports, result = two_ranks
+    assert reports[0].get("distributed_checkpoint_saves_and_loads_sharded_tensors") == "ok", result.logs
+    target = {"w": torch.zeros(4, 4, device="openreg"), "step": 0}
+    dcp.load(target, checkpoint_id=str(result.directory / "checkpoint"), no_dist=True)
+    assert target["step"] == 3
+    assert target["w"].device.type == "openreg"
+    torch.testing.assert_close(target["w"].cpu(), torch.arange(16.0).reshape(4, 4), rtol=0, atol=0)
 
 
 def load_example():
