@@ -174,9 +174,6 @@ class DeviceCache {
   Block* allocate(size_t requested, c10::StreamId stream) {
     std::shared_ptr<c10::GatheredContext> context = gather_context(/*alloc=*/true);
     const std::lock_guard<SpinLock> lock(lock_);
-    if (C10_UNLIKELY(context != nullptr)) {
-      context_ = context; // for new_segment's and raise_oom's events
-    }
     process_events();
     const size_t size = round_size(requested);
     Pool& pool = size <= kSmallSize ? small_ : large_;
@@ -188,7 +185,7 @@ class DeviceCache {
         block = take_cached(pool, stream, size);
       }
       if (block == nullptr) {
-        block = new_segment(pool, stream, size, requested);
+        block = new_segment(pool, stream, size, requested, context);
       }
       block = maybe_split(block, size);
     }
@@ -199,7 +196,6 @@ class DeviceCache {
         block->context = context;
       }
       trace(TraceAction::kAlloc, block->ptr, block->size, stream, history_.alloc_context ? context : nullptr);
-      context_.reset();
     }
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
       const auto t = static_cast<size_t>(type);
@@ -431,7 +427,13 @@ class DeviceCache {
     }
   }
 
-  Block* new_segment(Pool& pool, c10::StreamId stream, size_t size, size_t requested) {
+  // `context`: the allocation's, for the segment_alloc and oom events.
+  Block* new_segment(
+      Pool& pool,
+      c10::StreamId stream,
+      size_t size,
+      size_t requested,
+      const std::shared_ptr<c10::GatheredContext>& context) {
     const size_t bytes = segment_size(size);
     void* ptr = nullptr;
     orError status = device_malloc(&ptr, bytes);
@@ -444,7 +446,7 @@ class DeviceCache {
     }
     if (status == orError::MemoryAllocation) {
       ++stats_.num_ooms;
-      raise_oom(requested);
+      raise_oom(requested, context);
     }
     OPENREG_CHECK(status);
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
@@ -454,7 +456,7 @@ class DeviceCache {
     }
     Block* block = make_block(stream, bytes, ptr, &pool);
     segments_[reinterpret_cast<uintptr_t>(ptr)] = block;
-    trace(TraceAction::kSegmentAlloc, ptr, bytes, stream, history_.alloc_context ? context_ : nullptr);
+    trace(TraceAction::kSegmentAlloc, ptr, bytes, stream, history_.alloc_context ? context : nullptr);
     return block;
   }
 
@@ -471,7 +473,7 @@ class DeviceCache {
     return status;
   }
 
-  [[noreturn]] void raise_oom(size_t requested) {
+  [[noreturn]] void raise_oom(size_t requested, const std::shared_ptr<c10::GatheredContext>& context) {
     const auto agg = static_cast<size_t>(StatType::AGGREGATE);
     size_t free = 0;
     size_t total = 0;
@@ -485,10 +487,9 @@ class DeviceCache {
       TraceEntry entry{TraceAction::kOom};
       entry.size = requested;
       entry.device_free = free;
-      entry.context = history_.alloc_context ? context_ : nullptr;
+      entry.context = history_.alloc_context ? context : nullptr;
       push_trace(std::move(entry));
     }
-    context_.reset();
     TORCH_CHECK_WITH(
         OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(requested),
         ". openreg:", static_cast<int>(device_), " has a total capacity of ", format_bytes(total), " of which ",
@@ -650,12 +651,11 @@ class DeviceCache {
   // set_per_process_memory_fraction: segments may reserve at most allowed_.
   double fraction_ = 1.0;
   size_t allowed_ = 0;
-  // Memory history: the settings, the trace (a ring of max_entries), the
-  // context of the allocation in progress, and every segment by address.
+  // Memory history: the settings, the trace (a ring of max_entries), and
+  // every segment by address.
   MemoryHistory history_;
   std::vector<TraceEntry> trace_;
   size_t trace_next_ = 0;
-  std::shared_ptr<c10::GatheredContext> context_;
   std::map<uintptr_t, Block*> segments_;
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;

@@ -38,8 +38,8 @@ using GatherContext = std::shared_ptr<c10::GatheredContext> (*)();
 struct MemoryHistory {
   bool trace = false; // keep a trace of alloc/free/segment events ("all")
   bool block_context = false; // live blocks keep their allocation's context
-  bool alloc_context = false; // alloc and segment_alloc events carry one
-  bool free_context = false; // free events carry one
+  bool alloc_context = false; // alloc, segment_alloc and oom events carry one (with trace)
+  bool free_context = false; // free events carry one (with trace)
   size_t max_entries = 0; // of the trace, per device; then the oldest go
   GatherContext gather = nullptr; // null: recording is off
 };

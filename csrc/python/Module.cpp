@@ -83,8 +83,9 @@ void record_memory_history(
       }();
       (void)installed;
       history.block_context = true;
-      history.alloc_context = *context != "state";
-      history.free_context = *context == "all";
+      // Event contexts only where there is a trace to hold them.
+      history.alloc_context = history.trace && *context != "state";
+      history.free_context = history.trace && *context == "all";
       history.gather = &gather_stack;
       gather_cpp_frames = stacks == "all";
     }
