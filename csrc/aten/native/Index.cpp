@@ -144,6 +144,13 @@ at::Tensor& launch_index_select(const at::Tensor& self, int64_t dim, const at::T
   return out;
 }
 
+// The result's sizes: self's, with index.numel() at `dim` (self.dim() > 0).
+std::vector<int64_t> index_select_sizes(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  std::vector<int64_t> sizes = self.sizes().vec();
+  sizes[at::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return sizes;
+}
+
 // CPU's kernel in the calling thread, for a 0-dim self (whose result CPU
 // shapes) or the error it raises.
 at::Tensor& index_select_at_once(const at::Tensor& self, int64_t dim, const at::Tensor& index, at::Tensor& out) {
@@ -161,12 +168,10 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
     at::Tensor out = at::empty({0}, self.options());
     return index_select_at_once(self, dim, index, out); // CPU's kernel: a scalar, or its error
   }
-  const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  std::vector<int64_t> sizes = self.sizes().vec();
-  sizes[d] = index.numel();
   // On self's device (the wrapper's guard), with openreg's own empty kernel
   // rather than through the dispatcher.
-  at::Tensor out = empty_memory_format(sizes, self.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
+  at::Tensor out = empty_memory_format(
+      index_select_sizes(self, dim, index), self.scalar_type(), std::nullopt, std::nullopt, std::nullopt, std::nullopt);
   return launch_index_select(self, dim, index, out);
 }
 
@@ -180,10 +185,7 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   }
   // CPU's checks passed: resize `out` as CPU's kernel would (warning if it
   // had elements), then launch.
-  const int64_t d = at::maybe_wrap_dim(dim, self.dim());
-  std::vector<int64_t> sizes = self.sizes().vec();
-  sizes[d] = index.numel();
-  at::native::resize_output(out, sizes);
+  at::native::resize_output(out, index_select_sizes(self, dim, index));
   return launch_index_select(self, dim, index, out);
 }
 
