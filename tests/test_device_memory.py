@@ -379,3 +379,71 @@ def test_malformed_device_memory_setting_is_a_clear_error(value):
     result = run_python("import torch", env={"OPENREG_DEVICE_MEMORY": value})
     assert result.returncode != 0
     assert f"OPENREG_DEVICE_MEMORY='{value}' is not a memory size from 1M to 1T" in result.stderr
+
+
+# -- torch.cuda's other allocator functions ---------------------------------------
+
+
+def test_caching_allocator_alloc_hands_out_device_memory_until_deleted():
+    torch.openreg.synchronize()
+    before = torch.openreg.memory_allocated(1)
+    stream = torch.openreg.Stream(device="openreg:1")
+    ptr = torch.openreg.caching_allocator_alloc(3 * MiB, device=1, stream=stream)
+    assert torch.openreg.memory_allocated(1) == before + 3 * MiB
+    default_ptr = torch.openreg.caching_allocator_alloc(1024, "openreg:1")
+
+    def segment_stream(address):
+        [segment] = [s for s in torch.openreg.memory_snapshot()
+                     if s["device"] == 1 and s["address"] <= address < s["address"] + s["total_size"]]
+        return segment["stream"]
+
+    assert segment_stream(ptr) == stream.stream_id  # from that stream's pool
+    assert segment_stream(default_ptr) == torch.openreg.current_stream(1).stream_id
+    torch.openreg.caching_allocator_delete(ptr)
+    torch.openreg.caching_allocator_delete(default_ptr)
+    assert torch.openreg.memory_allocated(1) == before
+    with pytest.raises(ValueError, match="is not a pointer caching_allocator_alloc returned, or it was deleted"):
+        torch.openreg.caching_allocator_delete(ptr)
+    with pytest.raises(TypeError, match="stream must be None or a torch.openreg.Stream of openreg:0"):
+        torch.openreg.caching_allocator_alloc(16, device=0, stream=stream)
+
+
+def test_memory_snapshot_device_memory_used_and_the_allocator_backend():
+    t = torch.empty(5 * MiB, dtype=torch.uint8, device="openreg:1")
+    segments = torch.openreg.memory_snapshot()
+    assert segments == torch.openreg.memory._snapshot()["segments"]
+    mine = [s for s in segments if s["device"] == 1 and any(b["address"] == t.data_ptr() for b in s["blocks"])]
+    assert len(mine) == 1 and mine[0]["total_size"] >= 5 * MiB
+    free, total = torch.openreg.mem_get_info(1)
+    assert torch.openreg.device_memory_used(1) == total - free >= torch.openreg.memory_reserved(1)
+    assert torch.openreg.memory_snapshot(mempool_id=(0, 1 << 40)) == []  # no such private pool
+    del t
+
+
+def test_host_memory_stats_follow_pinned_allocations_with_torch_cuda_s_keys():
+    # In a fresh process: a pinned block another test left behind becomes
+    # inactive whenever its copy's event is next looked at.
+    result = run_python("""
+        import torch
+        assert dict(torch.openreg.host_memory_stats()).get("active_requests.current", 0) == 0
+        pinned = torch.empty(1 << 20, dtype=torch.uint8).pin_memory()
+        during = torch.openreg.host_memory_stats()
+        assert during["active_requests.current"] == 1 and during["active_bytes.current"] == 1 << 20, during
+        assert during["allocations.current"] == 1 and during["allocated_bytes.current"] == 1 << 20, during
+        assert during["num_host_alloc"] == 1, during
+        nested = torch.openreg.host_memory_stats_as_nested_dict()
+        assert set(nested) == {"num_host_alloc", "num_host_free", "allocations", "allocated_bytes",
+                               "active_requests", "active_bytes", "host_alloc_time", "host_free_time"}
+        assert set(nested["host_alloc_time"]) == {"total", "max", "min", "count", "avg"}
+        assert nested["active_requests"] == {"current": 1, "peak": 1, "allocated": 1, "freed": 0}
+        del pinned
+        after = torch.openreg.host_memory_stats()
+        assert after["active_requests.current"] == 0 and after["allocations.current"] == 1, after  # cached
+        torch.openreg.reset_accumulated_host_memory_stats()
+        torch.openreg.reset_peak_host_memory_stats()
+        after = torch.openreg.host_memory_stats()
+        assert after["active_requests.allocated"] == after["active_requests.freed"] == 0, after
+        assert after["active_requests.peak"] == 0, after
+        print("ok")
+    """)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr

@@ -120,3 +120,89 @@ def test_peak_and_accumulated_stats_reset_through_torch_accelerator():
     assert torch.accelerator.max_memory_allocated(1) == torch.accelerator.memory_allocated(1)
     torch.accelerator.reset_accumulated_memory_stats(1)
     assert torch.accelerator.memory_stats(1)["allocation.all.allocated"] == 0
+
+
+def _cuda_public_names() -> set[str]:
+    """torch.cuda's public names: its __all__, its submodules and its exception classes
+    (dir() also lists what it imports: os, typing helpers...)."""
+    import types
+
+    names = set(torch.cuda.__all__)
+    for name in dir(torch.cuda):
+        value = getattr(torch.cuda, name)
+        if name.startswith("_"):
+            continue
+        if isinstance(value, types.ModuleType) and value.__name__.startswith("torch.cuda."):
+            names.add(name)
+        elif isinstance(value, type) and issubclass(value, Exception):
+            names.add(name)
+    return names
+
+
+def _names_documented_as_not_applying() -> set[str]:
+    """The names in docs/runtime.md's table "torch.cuda's names"."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "runtime.md").read_text()
+    section = text.split("## torch.cuda's names", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows, "docs/runtime.md lost its table of torch.cuda's names"
+    return {name for row in rows for name in re.findall(r"`([A-Za-z_0-9]+)`", row.split(" | ")[0])}
+
+
+def test_every_public_name_of_torch_cuda_is_in_torch_openreg_or_documented_as_not_applying():
+    cuda = _cuda_public_names()
+    documented = _names_documented_as_not_applying()
+    missing = sorted(n for n in cuda if not hasattr(torch.openreg, n) and n not in documented)
+    assert not missing, f"torch.cuda names neither in torch.openreg nor in docs/runtime.md's table: {missing}"
+    stale = sorted(n for n in documented if n not in cuda or hasattr(torch.openreg, n))
+    assert not stale, f"docs/runtime.md lists names torch.openreg has, or torch.cuda no longer has: {stale}"
+
+
+def test_namesakes_answer_as_torch_cuda_s_would():
+    assert torch.openreg.AcceleratorError is torch.AcceleratorError
+    assert torch.openreg.can_device_access_peer(0, 1) and torch.openreg.can_device_access_peer("openreg:1", 0)
+    with pytest.raises(IndexError, match="openreg device index 5 is out of range"):
+        torch.openreg.can_device_access_peer(0, 5)
+    assert torch.openreg.is_current_stream_capturing() is False
+    assert torch.openreg.is_tf32_supported() is False
+    assert torch.openreg.get_allocator_backend() == "native"
+
+
+UTILIZATION = """
+    import time, torch
+    assert torch.openreg.utilization(1) == 0  # the first call starts the sampling
+    def until(condition, what):
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, what + f": {torch.openreg.utilization(1)}% kernel, " \\
+                f"{torch.openreg.memory_usage(1)}% memory"
+            time.sleep(0.05)
+    with torch.openreg.device(1):
+        torch.openreg._sleep(600)  # a host function holding the stream: a kernel, no memory traffic
+        torch.openreg.synchronize()
+    assert torch.openreg.utilization(1) >= 50, torch.openreg.utilization(1)
+    assert torch.openreg.memory_usage(1) <= 10, torch.openreg.memory_usage(1)
+    assert torch.openreg.utilization(0) <= 10, torch.openreg.utilization(0)  # per device
+    until(lambda: torch.openreg.utilization(1) == 0, "idle device still busy after the sampled second")
+    x = torch.ones(1 << 24, device="openreg:1")
+    start = time.monotonic()
+    while time.monotonic() - start < 1.5:  # longer than the sampled second
+        for _ in range(10):
+            x.mul_(1.0)  # 16M elements: queued on the stream's worker
+        torch.openreg.synchronize(1)
+    assert torch.openreg.utilization(1) >= 50, torch.openreg.utilization(1)
+    assert torch.openreg.memory_usage(1) >= 50, torch.openreg.memory_usage(1)
+"""
+
+
+@pytest.mark.exclusive  # the busy fractions are of wall time
+def test_utilization_and_memory_usage_sample_what_the_streams_run():
+    import subprocess
+    import sys
+    import textwrap
+
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(UTILIZATION)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

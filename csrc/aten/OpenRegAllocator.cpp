@@ -16,10 +16,20 @@
 //   free set's lookup, split and merge (what makes small tensors cheap). The
 //   list goes back into the free set before a new segment is made and before
 //   segments are released, so it never makes the cache grow;
+// - with max_split_size_mb (PYTORCH_OPENREG_ALLOC_CONF, OpenRegAllocatorConfig.h)
+//   large blocks of that size are never split, and oversize requests take a
+//   cached block only if it wastes at most 20 MiB; with a memory fraction and
+//   garbage_collection_threshold, the segments longest unused go back to the
+//   runtime before the reserved memory reaches the limit;
+// - a private pool (torch.openreg.MemPool, use_mem_pool) has segments of its
+//   own: a thread allocating to it takes blocks only from them, and nobody
+//   else does; they go back to the runtime once the pool is released;
 // - when the runtime is out of memory, cached segments are released and the
 //   request retried once; then torch.OutOfMemoryError.
 #include "OpenRegAllocator.h"
+#include "OpenRegAllocatorConfig.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -29,10 +39,12 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
@@ -71,6 +83,7 @@ struct Pool {
 struct Block {
   c10::DeviceIndex device;
   c10::StreamId stream; // the stream the block was allocated on
+  uint64_t mempool = 0; // the private pool of its segment (0: none)
   size_t size;          // bytes of the block
   size_t requested = 0; // bytes the caller asked for, while allocated
   void* ptr;
@@ -80,6 +93,8 @@ struct Block {
   Block* prev = nullptr; // neighbours within the segment
   Block* next = nullptr;
   std::unordered_set<c10::StreamId> stream_uses;
+  bool oversize = false; // allocated at max_split_size or more
+  uint64_t free_since = 0; // the pool's lookup count when it became free (garbage collection's age)
   std::shared_ptr<c10::GatheredContext> context; // of its allocation, while recorded
 
   Block(c10::DeviceIndex device, c10::StreamId stream, size_t size, void* ptr, Pool* pool)
@@ -91,6 +106,9 @@ struct Block {
 };
 
 bool BlockOrder::operator()(const Block* a, const Block* b) const {
+  if (a->mempool != b->mempool) {
+    return a->mempool < b->mempool;
+  }
   if (a->stream != b->stream) {
     return a->stream < b->stream;
   }
@@ -171,26 +189,34 @@ class DeviceCache {
     recent_.reserve(kRecentBlocks);
   }
 
-  Block* allocate(size_t requested, c10::StreamId stream) {
+  // `mempool`: the private pool to allocate from (0: none).
+  Block* allocate(size_t requested, c10::StreamId stream, uint64_t mempool) {
     std::shared_ptr<c10::GatheredContext> context = gather_context(/*alloc=*/true);
     const std::lock_guard<SpinLock> lock(lock_);
     process_events();
     const size_t size = round_size(requested);
     Pool& pool = size <= kSmallSize ? small_ : large_;
-    Block* block = pool.small ? take_recent(stream, size) : nullptr;
+    Block* block = pool.small ? take_recent(stream, mempool, size) : nullptr;
     if (block == nullptr) {
-      block = take_cached(pool, stream, size);
+      block = take_cached(pool, stream, mempool, size);
       if (block == nullptr && !recent_.empty()) {
         return_recent();
-        block = take_cached(pool, stream, size);
+        block = take_cached(pool, stream, mempool, size);
       }
       if (block == nullptr) {
-        block = new_segment(pool, stream, size, requested, context);
+        if (!pool.small) {
+          collect_garbage();
+        }
+        block = new_segment(pool, stream, mempool, size, requested, context);
       }
       block = maybe_split(block, size);
     }
     block->allocated = true;
     block->requested = requested;
+    block->oversize = size >= allocator_config().max_split_size;
+    if (block->oversize) {
+      stats_.oversize_allocations.increase(1);
+    }
     if (C10_UNLIKELY(context != nullptr || history_.trace)) {
       if (history_.block_context) {
         block->context = context;
@@ -212,6 +238,9 @@ class DeviceCache {
     std::shared_ptr<c10::GatheredContext> context = gather_context(/*alloc=*/false);
     const std::lock_guard<SpinLock> lock(lock_);
     block->allocated = false;
+    if (block->oversize) {
+      stats_.oversize_allocations.decrease(1);
+    }
     if (C10_UNLIKELY(history_.trace || block->context != nullptr)) {
       block->context.reset();
       trace(TraceAction::kFreeRequested, block->ptr, block->size, block->stream, context);
@@ -243,10 +272,12 @@ class DeviceCache {
     }
     deactivate(*block);
     if (recent_.size() == kRecentBlocks) {
+      count_inactive(*recent_.front(), /*entering=*/false);
       merge_into_pool(recent_.front());
       recent_.erase(recent_.begin());
     }
     recent_.push_back(block);
+    count_inactive(*block, /*entering=*/true);
   }
 
   void record_stream(Block* block, c10::StreamId stream) {
@@ -265,7 +296,10 @@ class DeviceCache {
 
   DeviceStats stats() {
     const std::lock_guard<SpinLock> lock(lock_);
-    return stats_;
+    DeviceStats stats = stats_;
+    // As CUDA's: the limit in bytes, -1 when there is none.
+    stats.max_split_size = static_cast<int64_t>(allocator_config().max_split_size);
+    return stats;
   }
 
   void reset_accumulated() {
@@ -301,6 +335,7 @@ class DeviceCache {
     for (const auto& [address, first] : segments_) {
       SnapshotSegment segment{device_, address};
       segment.stream = first->stream;
+      segment.mempool = first->mempool;
       segment.large = !first->pool->small;
       for (const Block* block = first; block != nullptr; block = block->next) {
         const bool active = block->allocated || block->pending_events > 0;
@@ -321,6 +356,41 @@ class DeviceCache {
     std::vector<TraceEntry> trace(trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_), trace_.end());
     trace.insert(trace.end(), trace_.begin(), trace_.begin() + static_cast<std::ptrdiff_t>(trace_next_));
     return trace;
+  }
+
+  // Private pools: created with one use (the MemPool object), one more per
+  // use_mem_pool; at no use left the pool is gone and its cached segments go
+  // back to the runtime (blocks still in use follow when freed, at the next
+  // empty_cache or out-of-memory retry).
+  void create_mempool(uint64_t mempool) {
+    const std::lock_guard<SpinLock> lock(lock_);
+    mempool_uses_[mempool] = 1;
+  }
+
+  void use_mempool(uint64_t mempool) {
+    const std::lock_guard<SpinLock> lock(lock_);
+    auto it = mempool_uses_.find(mempool);
+    TORCH_CHECK_VALUE(
+        it != mempool_uses_.end(), "memory pool (0, ", mempool, ") of openreg:", static_cast<int>(device_),
+        " was released; make a new torch.openreg.MemPool");
+    ++it->second;
+  }
+
+  void release_mempool(uint64_t mempool) {
+    const std::lock_guard<SpinLock> lock(lock_);
+    auto it = mempool_uses_.find(mempool);
+    if (it == mempool_uses_.end() || --it->second > 0) {
+      return;
+    }
+    mempool_uses_.erase(it);
+    synchronize_events();
+    release_cached();
+  }
+
+  int mempool_use_count(uint64_t mempool) {
+    const std::lock_guard<SpinLock> lock(lock_);
+    auto it = mempool_uses_.find(mempool);
+    return it == mempool_uses_.end() ? 0 : it->second;
   }
 
   void set_fraction(double fraction) {
@@ -354,14 +424,37 @@ class DeviceCache {
         fn(stat);
       }
     }
+    fn(stats_.oversize_allocations);
+    fn(stats_.oversize_segments);
+  }
+
+  // A free block that is part of a split segment counts as an inactive split
+  // block while it waits, in the free set or the recently freed list (as
+  // CUDA's inactive_split statistics). Whether it is split does not change
+  // while it waits: only a block taken out of the free set is split or merged.
+  void count_inactive(const Block& block, bool entering) {
+    if (block.whole_segment()) {
+      return;
+    }
+    for (StatType type : {StatType::AGGREGATE, pool_type(*block.pool)}) {
+      const auto t = static_cast<size_t>(type);
+      if (entering) {
+        stats_.inactive_split[t].increase(1);
+        stats_.inactive_split_bytes[t].increase(block.size);
+      } else {
+        stats_.inactive_split[t].decrease(1);
+        stats_.inactive_split_bytes[t].decrease(block.size);
+      }
+    }
   }
 
   // The most recently freed small block of exactly `size` bytes on `stream`.
-  Block* take_recent(c10::StreamId stream, size_t size) {
+  Block* take_recent(c10::StreamId stream, uint64_t mempool, size_t size) {
     for (size_t i = recent_.size(); i-- > 0;) {
       Block* block = recent_[i];
-      if (block->size == size && block->stream == stream) {
+      if (block->size == size && block->stream == stream && block->mempool == mempool) {
         recent_.erase(recent_.begin() + static_cast<std::ptrdiff_t>(i));
+        count_inactive(*block, /*entering=*/false);
         return block;
       }
     }
@@ -372,19 +465,33 @@ class DeviceCache {
   // neighbours.
   void return_recent() {
     for (Block* block : recent_) {
+      count_inactive(*block, /*entering=*/false);
       merge_into_pool(block);
     }
     recent_.clear();
   }
 
-  Block* take_cached(Pool& pool, c10::StreamId stream, size_t size) {
+  Block* take_cached(Pool& pool, c10::StreamId stream, uint64_t mempool, size_t size) {
     Block key(0, stream, size, nullptr, &pool);
+    key.mempool = mempool;
     auto it = pool.free.lower_bound(&key);
-    if (it == pool.free.end() || (*it)->stream != stream) {
+    if (it == pool.free.end() || (*it)->stream != stream || (*it)->mempool != mempool) {
       return nullptr;
     }
     Block* block = *it;
+    if (!pool.small) {
+      ++large_lookups_;
+      // As CUDA's get_free_block: below max_split_size a request leaves
+      // oversize blocks whole; an oversize request takes a block at most
+      // kLargeBuffer larger than itself. The free set is ordered by size, so
+      // no later block fits either.
+      const size_t max_split = allocator_config().max_split_size;
+      if ((size < max_split && block->size >= max_split) || (size >= max_split && block->size >= size + kLargeBuffer)) {
+        return nullptr;
+      }
+    }
     spare_node_ = pool.free.extract(it);
+    count_inactive(*block, /*entering=*/false);
     return block;
   }
 
@@ -392,6 +499,8 @@ class DeviceCache {
   // split) and free (a merge): their nodes and objects are recycled rather
   // than allocated each time, which is most of what a small allocation costs.
   void insert_free(Pool& pool, Block* block) {
+    count_inactive(*block, /*entering=*/true);
+    block->free_since = large_lookups_;
     if (spare_node_.empty()) {
       pool.free.insert(block);
       return;
@@ -406,6 +515,7 @@ class DeviceCache {
       return false;
     }
     spare_node_ = pool.free.extract(it);
+    count_inactive(*block, /*entering=*/false);
     return true;
   }
 
@@ -431,6 +541,7 @@ class DeviceCache {
   Block* new_segment(
       Pool& pool,
       c10::StreamId stream,
+      uint64_t mempool,
       size_t size,
       size_t requested,
       const std::shared_ptr<c10::GatheredContext>& context) {
@@ -454,7 +565,12 @@ class DeviceCache {
       stats_.segment[t].increase(1);
       stats_.reserved_bytes[t].increase(bytes);
     }
+    if (size >= allocator_config().max_split_size) {
+      stats_.oversize_segments.increase(1);
+      oversize_segments_.insert(ptr);
+    }
     Block* block = make_block(stream, bytes, ptr, &pool);
+    block->mempool = mempool;
     segments_[reinterpret_cast<uintptr_t>(ptr)] = block;
     trace(TraceAction::kSegmentAlloc, ptr, bytes, stream, history_.alloc_context ? context : nullptr);
     return block;
@@ -508,11 +624,13 @@ class DeviceCache {
   // Splits off the tail of a block much larger than `size` as a free block.
   Block* maybe_split(Block* block, size_t size) {
     const size_t remaining = block->size - size;
-    const bool split = block->pool->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    const bool split = block->pool->small ? remaining >= kMinBlockSize
+                                          : size < allocator_config().max_split_size && remaining > kSmallSize;
     if (!split) {
       return block;
     }
     Block* rest = make_block(block->stream, remaining, static_cast<char*>(block->ptr) + size, block->pool);
+    rest->mempool = block->mempool;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next != nullptr) {
@@ -599,21 +717,75 @@ class DeviceCache {
     for (Pool* pool : {&small_, &large_}) {
       for (auto it = pool->free.begin(); it != pool->free.end();) {
         Block* block = *it;
-        if (!block->whole_segment()) {
-          ++it;
+        if (!block->whole_segment() || mempool_uses_.count(block->mempool) > 0) {
+          ++it; // a live private pool keeps its segments
           continue;
         }
         it = pool->free.erase(it);
-        OPENREG_CHECK(orFree(block->ptr));
-        ++stats_.num_device_free;
-        segments_.erase(reinterpret_cast<uintptr_t>(block->ptr));
-        trace(TraceAction::kSegmentFree, block->ptr, block->size, block->stream, nullptr);
-        for (StatType type : {StatType::AGGREGATE, pool_type(*pool)}) {
-          const auto t = static_cast<size_t>(type);
-          stats_.segment[t].decrease(1);
-          stats_.reserved_bytes[t].decrease(block->size);
+        release_segment(block);
+      }
+    }
+  }
+
+  // Returns a whole cached segment, out of its free set, to the runtime.
+  void release_segment(Block* block) {
+    OPENREG_CHECK(orFree(block->ptr));
+    ++stats_.num_device_free;
+    segments_.erase(reinterpret_cast<uintptr_t>(block->ptr));
+    if (oversize_segments_.erase(block->ptr) > 0) {
+      stats_.oversize_segments.decrease(1);
+    }
+    trace(TraceAction::kSegmentFree, block->ptr, block->size, block->stream, nullptr);
+    for (StatType type : {StatType::AGGREGATE, pool_type(*block->pool)}) {
+      const auto t = static_cast<size_t>(type);
+      stats_.segment[t].decrease(1);
+      stats_.reserved_bytes[t].decrease(block->size);
+    }
+    delete block;
+  }
+
+  // garbage_collection_threshold, as CUDA's garbage_collect_cached_blocks:
+  // with a memory fraction set, once the reserved memory exceeds the
+  // threshold's share of what the fraction allows, the cached large segments
+  // whose age (large-pool lookups since they became free) is at least the
+  // average go back to the runtime, round after round, until the excess is
+  // reclaimed. No event is waited for, unlike release_cached.
+  void collect_garbage() {
+    const double threshold = allocator_config().garbage_collection_threshold;
+    if (threshold <= 0.0 || fraction_ >= 1.0) {
+      return;
+    }
+    const auto limit = static_cast<size_t>(threshold * static_cast<double>(allowed_));
+    const auto reserved = static_cast<size_t>(stats_.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
+    if (reserved <= limit) {
+      return;
+    }
+    uint64_t total_age = 0;
+    size_t candidates = 0;
+    for (const Block* block : large_.free) {
+      if (block->whole_segment() && block->mempool == 0) {
+        total_age += large_lookups_ - block->free_since;
+        ++candidates;
+      }
+    }
+    size_t reclaimed = 0;
+    bool freed = true;
+    while (reclaimed < reserved - limit && freed && candidates > 0) {
+      const double average_age = static_cast<double>(total_age) / static_cast<double>(candidates);
+      freed = false;
+      for (auto it = large_.free.begin(); it != large_.free.end();) {
+        Block* block = *it;
+        const uint64_t age = large_lookups_ - block->free_since;
+        if (!block->whole_segment() || block->mempool != 0 || static_cast<double>(age) < average_age) {
+          ++it;
+          continue;
         }
-        delete block;
+        it = large_.free.erase(it);
+        reclaimed += block->size;
+        total_age -= age;
+        --candidates;
+        freed = true;
+        release_segment(block);
       }
     }
   }
@@ -657,6 +829,9 @@ class DeviceCache {
   std::vector<TraceEntry> trace_;
   size_t trace_next_ = 0;
   std::map<uintptr_t, Block*> segments_;
+  std::unordered_set<const void*> oversize_segments_; // made for requests of max_split_size or more
+  std::unordered_map<uint64_t, int> mempool_uses_; // live private pools and their use counts
+  uint64_t large_lookups_ = 0; // of the large pool's free set: the clock of garbage collection's ages
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;
   std::vector<Block*> recent_; // freed small blocks, not merged, oldest first
@@ -679,6 +854,15 @@ c10::StreamId allocation_stream(c10::DeviceIndex device) {
   return current_stream_id(device);
 }
 
+// The private pools this thread allocates to, per device, the innermost
+// use_mem_pool last; allocations go to the last (none: the default pools).
+thread_local std::array<std::vector<uint64_t>, kMaxDevices> allocating_to;
+
+uint64_t allocating_pool(c10::DeviceIndex device) {
+  const std::vector<uint64_t>& pools = allocating_to[device];
+  return pools.empty() ? 0 : pools.back();
+}
+
 class OpenRegAllocator final : public c10::DeviceAllocator {
  public:
   OpenRegAllocator() {
@@ -696,7 +880,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return {nullptr, nullptr, &delete_block, where};
     }
-    Block* block = caches_[device]->allocate(nbytes, allocation_stream(device));
+    Block* block = caches_[device]->allocate(nbytes, allocation_stream(device), allocating_pool(device));
     // Outside the cache's lock, as CUDACachingAllocator's malloc reports it:
     // the hook takes the GIL.
     gpu_trace::memory_allocation(block->ptr);
@@ -759,6 +943,11 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
       out.device_traces.push_back(caches_[i]->snapshot(out.segments));
     }
     return out;
+  }
+
+  DeviceCache& cache(c10::DeviceIndex device) {
+    check_device_index(device);
+    return *caches_[device];
   }
 
   void set_memory_fraction(c10::DeviceIndex device, double fraction) {
@@ -828,6 +1017,37 @@ double get_memory_fraction(c10::DeviceIndex device) {
   return allocator_instance().get_memory_fraction(device);
 }
 
+uint64_t create_mempool(c10::DeviceIndex device) {
+  static std::atomic<uint64_t> next_id{1};
+  const uint64_t mempool = next_id.fetch_add(1);
+  allocator_instance().cache(device).create_mempool(mempool);
+  return mempool;
+}
+
+void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {
+  allocator_instance().cache(device).use_mempool(mempool);
+  allocating_to[device].push_back(mempool);
+}
+
+void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {
+  DeviceCache& cache = allocator_instance().cache(device);
+  std::vector<uint64_t>& pools = allocating_to[device];
+  auto it = std::find(pools.rbegin(), pools.rend(), mempool);
+  TORCH_CHECK_VALUE(
+      it != pools.rend(), "end_allocate_to_pool: this thread does not allocate to memory pool (0, ", mempool,
+      ") of openreg:", static_cast<int>(device));
+  pools.erase(std::next(it).base());
+  cache.release_mempool(mempool);
+}
+
+void release_mempool(c10::DeviceIndex device, uint64_t mempool) {
+  allocator_instance().cache(device).release_mempool(mempool);
+}
+
+int mempool_use_count(c10::DeviceIndex device, uint64_t mempool) {
+  return allocator_instance().cache(device).mempool_use_count(mempool);
+}
+
 void record_memory_history(const MemoryHistory& history, bool clear_trace) {
   {
     const std::lock_guard<std::mutex> lock(history_mutex);
@@ -843,6 +1063,43 @@ MemorySnapshot memory_snapshot() {
 
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
   return allocator_instance().allocate_on(device, nbytes);
+}
+
+namespace {
+// The blocks raw_alloc handed out, by address.
+std::mutex raw_mutex;
+std::unordered_map<void*, c10::DataPtr>& raw_blocks() {
+  static auto* blocks = new std::unordered_map<void*, c10::DataPtr>(); // leaked: freed blocks may die after static dtors
+  return *blocks;
+}
+} // namespace
+
+void* raw_alloc(c10::DeviceIndex device, size_t nbytes, c10::StreamId stream) {
+  check_device_index(device);
+  c10::DataPtr data;
+  {
+    const c10::StreamGuard guard(make_stream(device, stream)); // the pool is the current stream's
+    data = allocator_instance().allocate_on(device, nbytes);
+  }
+  void* ptr = data.get();
+  if (ptr != nullptr) {
+    const std::lock_guard<std::mutex> lock(raw_mutex);
+    raw_blocks().emplace(ptr, std::move(data));
+  }
+  return ptr;
+}
+
+void raw_delete(void* ptr) {
+  c10::DataPtr data; // freed outside the lock
+  {
+    const std::lock_guard<std::mutex> lock(raw_mutex);
+    auto it = raw_blocks().find(ptr);
+    TORCH_CHECK_VALUE(
+        it != raw_blocks().end(), "caching_allocator_delete: ", ptr,
+        " is not a pointer caching_allocator_alloc returned, or it was deleted already.");
+    data = std::move(it->second);
+    raw_blocks().erase(it);
+  }
 }
 
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes) {

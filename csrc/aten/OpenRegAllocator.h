@@ -23,6 +23,24 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
 // resize_bytes_cpu does for CPU, but moving bytes with the runtime's memcpy).
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);
 
+// torch.openreg.caching_allocator_alloc / _delete, as CUDA's raw_alloc and
+// raw_delete: `nbytes` of openreg:`device` from the pool of `stream` (of that
+// device), held by the allocator until raw_delete(ptr) gives it back.
+void* raw_alloc(c10::DeviceIndex device, size_t nbytes, c10::StreamId stream);
+void raw_delete(void* ptr);
+
+// torch.openreg.MemPool and use_mem_pool, as CUDA's private pools: a pool of
+// openreg:`device` named (0, id); while a thread allocates to it
+// (begin_allocate_to_pool until end_allocate_to_pool), its allocations on
+// that device come from the pool's own segments. A pool lives while it has
+// uses (the MemPool object's, one per begin) and keeps its cached segments
+// until then.
+uint64_t create_mempool(c10::DeviceIndex device);
+void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
+void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
+void release_mempool(c10::DeviceIndex device, uint64_t mempool);
+int mempool_use_count(c10::DeviceIndex device, uint64_t mempool);
+
 // torch.openreg.set_per_process_memory_fraction: the caching allocator of
 // openreg:`device` reserves at most `fraction` (0 to 1) of the device's
 // capacity, as CUDA's does; a segment beyond it first frees the cache and
@@ -70,6 +88,7 @@ struct SnapshotSegment {
   size_t active_size = 0;
   size_t requested_size = 0;
   c10::StreamId stream;
+  uint64_t mempool = 0; // its private pool's id (0, mempool); 0: none
   bool large;
   std::vector<SnapshotBlock> blocks;
 };

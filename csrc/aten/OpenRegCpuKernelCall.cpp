@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/TensorImpl.h>
 
 #include "OpenRegAllocator.h"
@@ -80,6 +81,19 @@ at::Tensor device_tensor_on(
   return out;
 }
 
+// For set_sync_debug_mode: whether operator `name` ("ns::op" or
+// "ns::op.overload") makes the host wait for the device's values, as the
+// same operator does on CUDA (nonzero, masked_select, unique...).
+bool waits_for_values(const std::string& name) {
+  const size_t separator = name.find("::");
+  const size_t dot = name.find('.', separator == std::string::npos ? 0 : separator);
+  const c10::OperatorName op(
+      name.substr(0, dot), dot == std::string::npos ? std::string() : name.substr(dot + 1));
+  const std::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findOp(op);
+  return handle.has_value() &&
+      (handle->hasTag(at::Tag::dynamic_output_shape) || handle->hasTag(at::Tag::data_dependent_output));
+}
+
 } // namespace
 
 CpuKernelCall::CpuKernelCall(const char* op, bool accepts_cpu_tensors)
@@ -93,6 +107,9 @@ std::string CpuKernelCall::op_name() const {
 }
 
 CpuKernelCall::~CpuKernelCall() {
+  if (marked_) {
+    orMarkKernel(-1);
+  }
   if (redirecting_) {
     redirect_cpu_allocations(previous_redirect_);
   }
@@ -210,7 +227,12 @@ void CpuKernelCall::begin() {
   if (peek_current_device() != device_->index()) {
     guard_.emplace(*device_);
   }
+  if (C10_UNLIKELY(sync_debug_mode() != 0) && waits_for_values(op_name())) {
+    check_sync_debug(op_name().c_str());
+  }
   join_current_stream(device_->index());
+  orMarkKernel(device_->index()); // the CPU kernel runs here now, for utilization sampling
+  marked_ = true;
   if (cpu_results_) {
     return; // the results belong to the CPU: its allocator stays as it is
   }
@@ -315,6 +337,10 @@ std::optional<at::Generator> CpuKernelCall::generator(const std::optional<at::Ge
 }
 
 void CpuKernelCall::finish() {
+  if (marked_) {
+    orMarkKernel(-1);
+    marked_ = false;
+  }
   if (redirecting_) {
     redirect_cpu_allocations(previous_redirect_);
     redirecting_ = false;

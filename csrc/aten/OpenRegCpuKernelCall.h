@@ -217,6 +217,7 @@ class CpuKernelCall {
   struct SpareList* spare_list_ = nullptr;
   std::list<c10::List<std::optional<at::Tensor>>> more_lists_;
   bool redirecting_ = false;
+  bool marked_ = false; // the kernel runs here: orMarkKernel(device) was called
   c10::DeviceIndex previous_redirect_ = -1;
   c10::SmallVector<Fresh, 2> fresh_;
   c10::SmallVector<Written, 2> written_;

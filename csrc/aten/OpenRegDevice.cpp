@@ -5,6 +5,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "OpenRegAllocatorConfig.h"
 #include "OpenRegException.h"
 #include "OpenRegGpuTrace.h"
 
@@ -33,6 +34,7 @@ void ensure_initialized() {
   const char* message = nullptr;
   orError status = orInit(&message);
   TORCH_CHECK(status == orError::Success, message);
+  load_allocator_config(); // raises on a malformed PYTORCH_OPENREG_ALLOC_CONF, as orInit on its variables
   std::call_once(once, [] { pthread_atfork(nullptr, nullptr, &mark_child_bad); });
   initialized.store(true, std::memory_order_release);
 }

@@ -141,6 +141,17 @@ struct RunningKernel {
   }
 };
 
+// A kernel of `device` the calling thread runs itself, in stream order:
+// RunningKernel, and seen by the runtime's utilization sampling (orMarkKernel).
+struct RunningKernelHere : RunningKernel {
+  explicit RunningKernelHere(c10::DeviceIndex device) {
+    orMarkKernel(device);
+  }
+  ~RunningKernelHere() {
+    orMarkKernel(-1);
+  }
+};
+
 // Memory for queued kernels. The runtime releases a completed kernel in a
 // thread that launches or synchronizes on its stream, as a rule the thread
 // that launched it, so a small cache per thread of freed blocks, by size,
@@ -236,7 +247,7 @@ inline bool inside_kernel() {
 template <typename F>
 void run_kernel_inline(c10::DeviceIndex device, F&& body) {
   join_current_stream(device);
-  const detail::RunningKernel running;
+  const detail::RunningKernelHere running(device);
   body();
 }
 
@@ -288,7 +299,7 @@ bool run_small_kernel_if_idle(c10::DeviceIndex device, const char* name, int64_t
     trace::stream_joined(device);
   }
   // Below autograd already: an operator's kernel launches it.
-  const detail::RunningKernel running;
+  const detail::RunningKernelHere running(device);
   try {
     body();
   } catch (const c10::Error& e) {

@@ -148,7 +148,30 @@ int stream_priority(const c10::Stream& stream) {
   return priority;
 }
 
+namespace {
+std::atomic<int> debug_mode{0};
+} // namespace
+
+void set_sync_debug_mode(int mode) {
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "invalid sync debug mode ", mode, ": 0 (default), 1 (warn) or 2 (error)");
+  debug_mode.store(mode, std::memory_order_relaxed);
+}
+
+int sync_debug_mode() {
+  return debug_mode.load(std::memory_order_relaxed);
+}
+
+void check_sync_debug(const char* what) {
+  const int mode = debug_mode.load(std::memory_order_relaxed);
+  if (C10_LIKELY(mode == 0)) {
+    return;
+  }
+  TORCH_CHECK(mode != 2, "called a synchronizing openreg operation (", what, ")");
+  TORCH_WARN("called a synchronizing openreg operation (", what, ")");
+}
+
 void synchronize_stream(const c10::Stream& stream) {
+  check_sync_debug("Stream.synchronize");
   orStream_t raw = raw_stream(stream);
   gpu_trace::stream_synchronization(raw); // before the wait, as c10/cuda/CUDAFunctions.h's stream_synchronize
   OPENREG_CHECK(orStreamSynchronize(raw));

@@ -43,4 +43,15 @@ void wait_current_stream(c10::DeviceIndex device);
 // holds is not reported); two loads while no stream has work.
 bool current_stream_idle(c10::DeviceIndex device);
 
+// torch.openreg.set_sync_debug_mode, as c10/cuda's SyncDebugMode: 0 off, 1
+// warn, 2 error on every operation that makes the host wait for a stream
+// where CUDA's would (a copy between the host and the device that is not
+// non_blocking, .item(), an operator whose result's shape depends on the
+// device's values, Stream.synchronize); synchronize() and
+// Event.synchronize() are explicit and never reported, as on CUDA.
+void set_sync_debug_mode(int mode);
+int sync_debug_mode();
+// Warns or raises, per the mode, naming `what`; no-op when off.
+void check_sync_debug(const char* what);
+
 } // namespace openreg

@@ -25,11 +25,13 @@
 #include <vector>
 
 #include "aten/OpenRegAllocator.h"
+#include "aten/OpenRegAllocatorConfig.h"
 #include "aten/OpenRegDevice.h"
 #include "aten/OpenRegException.h"
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegGpuTrace.h"
+#include "aten/OpenRegHostAllocator.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
@@ -113,6 +115,39 @@ const char* trace_action_name(openreg::TraceAction action) {
   return "unknown";
 }
 
+// The pinned host allocator's statistics, nested as torch.cuda's
+// host_memory_stats_as_nested_dict lays them out.
+py::dict host_memory_stats() {
+  const at::HostStats stats = openreg::pinned_host_allocator()->get_stats();
+  const auto stat = [](const c10::CachingAllocator::Stat& s) {
+    py::dict d;
+    d["current"] = s.current;
+    d["peak"] = s.peak;
+    d["allocated"] = s.allocated;
+    d["freed"] = s.freed;
+    return d;
+  };
+  const auto duration = [](const c10::CachingAllocator::DurationStat& s) {
+    py::dict d;
+    d["total"] = s.total;
+    d["max"] = s.max;
+    d["min"] = s.min;
+    d["count"] = s.count;
+    d["avg"] = s.count != 0 ? s.total / s.count : 0;
+    return d;
+  };
+  py::dict out;
+  out["num_host_alloc"] = stats.num_host_alloc;
+  out["num_host_free"] = stats.num_host_free;
+  out["allocations"] = stat(stats.allocations);
+  out["allocated_bytes"] = stat(stats.allocated_bytes);
+  out["active_requests"] = stat(stats.active_requests);
+  out["active_bytes"] = stat(stats.active_bytes);
+  out["host_alloc_time"] = duration(stats.host_alloc_time);
+  out["host_free_time"] = duration(stats.host_free_time);
+  return out;
+}
+
 // The snapshot as torch.cuda.memory._snapshot() lays it out, so that
 // torch.cuda._memory_viz and PyTorch's memory viewer read it.
 py::dict memory_snapshot() {
@@ -160,7 +195,7 @@ py::dict memory_snapshot() {
     s["requested_size"] = segment.requested_size;
     s["stream"] = segment.stream;
     s["segment_type"] = segment.large ? "large" : "small";
-    s["segment_pool_id"] = py::make_tuple(0, 0);
+    s["segment_pool_id"] = py::make_tuple(0, segment.mempool);
     s["is_expandable"] = false;
     s["frames"] = py::list();
     py::list blocks;
@@ -528,6 +563,39 @@ PYBIND11_MODULE(_C, m) {
     openreg::set_memory_fraction(static_cast<c10::DeviceIndex>(index), fraction);
   });
   m.def("_get_memory_fraction", [](int index) { return openreg::get_memory_fraction(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_set_allocator_settings", [](const std::string& settings) {
+    openreg::set_allocator_settings(settings, "_set_allocator_settings");
+  });
+  m.def("_get_allocator_settings", &openreg::allocator_settings);
+  m.def("_caching_allocator_alloc", [](size_t nbytes, int index, int64_t stream_id) {
+    return reinterpret_cast<uintptr_t>(
+        openreg::raw_alloc(static_cast<c10::DeviceIndex>(index), nbytes, static_cast<c10::StreamId>(stream_id)));
+  });
+  m.def("_caching_allocator_delete", [](uintptr_t ptr) { openreg::raw_delete(reinterpret_cast<void*>(ptr)); });
+  m.def("_mem_pool_create", [](int index) { return openreg::create_mempool(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_mem_pool_begin", [](int index, uint64_t id) {
+    openreg::begin_allocate_to_pool(static_cast<c10::DeviceIndex>(index), id);
+  });
+  m.def("_mem_pool_end", [](int index, uint64_t id) {
+    openreg::end_allocate_to_pool(static_cast<c10::DeviceIndex>(index), id);
+  });
+  m.def("_mem_pool_release", [](int index, uint64_t id) {
+    openreg::release_mempool(static_cast<c10::DeviceIndex>(index), id);
+  });
+  m.def("_mem_pool_use_count", [](int index, uint64_t id) {
+    return openreg::mempool_use_count(static_cast<c10::DeviceIndex>(index), id);
+  });
+  m.def("_host_memory_stats", &host_memory_stats);
+  m.def("_reset_accumulated_host_memory_stats", [] { openreg::pinned_host_allocator()->reset_accumulated_stats(); });
+  m.def("_reset_peak_host_memory_stats", [] { openreg::pinned_host_allocator()->reset_peak_stats(); });
+  m.def("_utilization", [](int index) {
+    unsigned kernel = 0;
+    unsigned memory = 0;
+    OPENREG_CHECK(openreg::orDeviceGetUtilization(index, &kernel, &memory));
+    return std::make_pair(kernel, memory);
+  }, "(kernel, memory) busy percents of the last second (orDeviceGetUtilization).");
+  m.def("_set_sync_debug_mode", &openreg::set_sync_debug_mode);
+  m.def("_get_sync_debug_mode", &openreg::sync_debug_mode);
   m.def("_sleep", &sleep_on_current_stream, "Queues a wait of `ms` milliseconds on the current stream.");
   m.def("_install_fault_handler", [] { OPENREG_CHECK(openreg::orInstallFaultHandler()); },
         "Puts openreg's device-memory fault report in front of SIGSEGV handlers installed since.");

@@ -80,6 +80,17 @@ orError orGetDeviceProperties(orDeviceProp* prop, int device);
 orError orMemGetInfo(size_t* free, size_t* total);
 // Waits for all work queued on every stream of `device`.
 orError orDeviceSynchronize(int device);
+// The percent of the last second (or of the time since the first call, if
+// less) during which a kernel ran on `device` (kernels and host functions
+// queued on its streams) and during which its memory was read or written
+// (kernels and copies), as NVML's utilization rates. The first call starts a
+// thread that samples the streams every millisecond, so it reports 0; it
+// sees the kernels a thread runs itself in stream order through orMarkKernel.
+orError orDeviceGetUtilization(int device, unsigned* kernel_percent, unsigned* memory_percent);
+// Marks the calling thread as running a kernel of `device` in stream order
+// itself (a launch that runs a small kernel at once), or as not (-1), for
+// orDeviceGetUtilization: a store to a slot of the thread's own.
+void orMarkKernel(int device) noexcept;
 
 // Allocates `size` bytes on the current device. A zero-byte request yields
 // nullptr. Like cudaMalloc this is slow (a lock and a search): callers cache.

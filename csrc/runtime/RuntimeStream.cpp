@@ -1,9 +1,11 @@
 // Streams (in-order queues, each served by a worker thread) and events.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -57,6 +59,13 @@ bool spin_until(Done done) {
   return true;
 }
 
+// What a task keeps busy while it runs, for orDeviceGetUtilization: a
+// kernel (kernels, and host functions, which hold the stream as a kernel
+// does: torch.openreg._sleep's wait is one) and the device memory (kernels
+// and copies). A wait for another stream or an event's time stamp is neither.
+constexpr uint8_t kBusyKernel = 1;
+constexpr uint8_t kBusyMemory = 2;
+
 // One unit of queued work: run(args), then release(args). `name` is set for
 // kernels, whose exceptions become the stream's failure.
 struct Task {
@@ -64,14 +73,16 @@ struct Task {
   void* args = nullptr;
   orKernelFn release = nullptr;
   const char* name = nullptr;
+  uint8_t busy = 0; // kBusy* bits
 };
 
-Task boxed(std::function<void()> fn) {
+Task boxed(std::function<void()> fn, uint8_t busy) {
   return Task{
       [](void* f) { (*static_cast<std::function<void()>*>(f))(); },
       new std::function<void()>(std::move(fn)),
       [](void* f) { delete static_cast<std::function<void()>*>(f); },
-      nullptr};
+      nullptr,
+      busy};
 }
 } // namespace
 
@@ -116,6 +127,7 @@ struct orStream {
   alignas(64) std::atomic<uint64_t> enqueued{0};
   alignas(64) std::atomic<uint64_t> completed{0};
   uint64_t taken = 0; // tasks the worker took; the worker's own
+  std::atomic<uint8_t> busy{0}; // the running task's kBusy* bits; written by the worker, sampled
 
   // The first failure of a kernel not yet reported.
   alignas(64) std::mutex failure_mutex;
@@ -204,8 +216,8 @@ struct orStream {
     return position;
   }
 
-  uint64_t enqueue(std::function<void()> fn) {
-    return enqueue(boxed(std::move(fn)));
+  uint64_t enqueue(std::function<void()> fn, uint8_t busy = 0) {
+    return enqueue(boxed(std::move(fn), busy));
   }
 
   const Task& next() {
@@ -235,6 +247,13 @@ struct orStream {
   }
 
   void run(const Task& task) {
+    busy.store(task.busy, std::memory_order_relaxed);
+    struct Idle {
+      std::atomic<uint8_t>& busy;
+      ~Idle() {
+        busy.store(0, std::memory_order_relaxed);
+      }
+    } idle_after{busy};
     if (task.name == nullptr) {
       task.run(task.args);
     } else {
@@ -562,15 +581,17 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
   if (orActivityCallback report = detail::activity_callback()) {
     // The record is made now, on the issuing thread, for its correlation id;
     // the worker times the copy when it runs.
-    stream->enqueue([to, from, count, report, record = detail::memcpy_record(dst, src, count, kind, stream)]() mutable {
-      record.start_ns = orActivityGetTimestamp();
-      detail::copy_bytes(to, from, count);
-      record.end_ns = orActivityGetTimestamp();
-      report(record);
-    });
+    stream->enqueue(
+        [to, from, count, report, record = detail::memcpy_record(dst, src, count, kind, stream)]() mutable {
+          record.start_ns = orActivityGetTimestamp();
+          detail::copy_bytes(to, from, count);
+          record.end_ns = orActivityGetTimestamp();
+          report(record);
+        },
+        kBusyMemory);
     return orError::Success;
   }
-  stream->enqueue([to, from, count] { detail::copy_bytes(to, from, count); });
+  stream->enqueue([to, from, count] { detail::copy_bytes(to, from, count); }, kBusyMemory);
   return orError::Success;
 }
 
@@ -578,7 +599,7 @@ orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data) {
   if (stream == nullptr || fn == nullptr) {
     return orError::InvalidValue;
   }
-  stream->enqueue(Task{fn, data, nullptr, nullptr});
+  stream->enqueue(Task{fn, data, nullptr, nullptr, kBusyKernel});
   return orError::Success;
 }
 
@@ -601,7 +622,7 @@ orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKerne
     kernel(args);
     return orError::Success;
   }
-  stream->enqueue(Task{kernel, args, release, name});
+  stream->enqueue(Task{kernel, args, release, name, kBusyKernel | kBusyMemory});
   if (const detail::Config* config = detail::config(); config != nullptr && config->launch_blocking) {
     return stream->synchronize();
   }
@@ -694,6 +715,123 @@ orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
     return orError::NotReady;
   }
   *ms = std::chrono::duration<float, std::milli>(last.time - first.time).count();
+  return orError::Success;
+}
+
+namespace {
+
+// orDeviceGetUtilization's samples: from its first call on, a thread looks
+// every kSampleEvery at what each device's streams are running and keeps the
+// last kSamples looks per device, as NVML samples a GPU.
+constexpr auto kSampleEvery = std::chrono::milliseconds(1);
+constexpr size_t kSamples = 1000; // a second
+
+struct Utilization {
+  std::mutex mutex;
+  std::array<std::deque<uint8_t>, kMaxDevices> samples; // kBusy* bits, oldest first
+  std::array<size_t, kMaxDevices> kernel{}; // samples with kBusyKernel
+  std::array<size_t, kMaxDevices> memory{}; // samples with kBusyMemory
+};
+
+Utilization& utilization() {
+  static auto* u = new Utilization(); // leaked: the sampler outlives static dtors
+  return *u;
+}
+
+// The device each thread that ran a kernel itself runs one of now (-1: none).
+struct MarkedThreads {
+  std::mutex mutex;
+  std::vector<const std::atomic<int>*> slots;
+};
+
+MarkedThreads& marked_threads() {
+  static auto* m = new MarkedThreads(); // leaked: threads may end after static dtors
+  return *m;
+}
+
+// The calling thread's slot, registered at its first mark, removed at its end.
+struct MarkSlot {
+  std::atomic<int> device{-1};
+  MarkSlot() {
+    MarkedThreads& m = marked_threads();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.slots.push_back(&device);
+  }
+  ~MarkSlot() {
+    MarkedThreads& m = marked_threads();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    m.slots.erase(std::find(m.slots.begin(), m.slots.end(), &device));
+  }
+};
+
+void sample_forever(int device_count) {
+  Utilization& u = utilization();
+  std::array<uint8_t, kMaxDevices> bits{};
+  for (;;) {
+    std::this_thread::sleep_for(kSampleEvery);
+    bits.fill(0);
+    {
+      StreamTable& t = table();
+      std::lock_guard<std::mutex> lock(t.mutex);
+      for (int d = 0; d < device_count; ++d) {
+        for (const orStream* stream : t.streams[d]) {
+          bits[d] |= stream->busy.load(std::memory_order_relaxed);
+        }
+      }
+    }
+    {
+      MarkedThreads& m = marked_threads();
+      std::lock_guard<std::mutex> lock(m.mutex);
+      for (const std::atomic<int>* slot : m.slots) {
+        const int d = slot->load(std::memory_order_relaxed);
+        if (d >= 0 && d < device_count) {
+          bits[d] |= kBusyKernel | kBusyMemory;
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(u.mutex);
+    for (int d = 0; d < device_count; ++d) {
+      auto& samples = u.samples[d];
+      if (samples.size() == kSamples) {
+        u.kernel[d] -= (samples.front() & kBusyKernel) != 0;
+        u.memory[d] -= (samples.front() & kBusyMemory) != 0;
+        samples.pop_front();
+      }
+      samples.push_back(bits[d]);
+      u.kernel[d] += (bits[d] & kBusyKernel) != 0;
+      u.memory[d] += (bits[d] & kBusyMemory) != 0;
+    }
+  }
+}
+
+unsigned percent(size_t part, size_t whole) {
+  return whole == 0 ? 0 : static_cast<unsigned>((100 * part + whole / 2) / whole);
+}
+
+} // namespace
+
+void orMarkKernel(int device) noexcept {
+  thread_local MarkSlot slot;
+  slot.device.store(device, std::memory_order_relaxed);
+}
+
+orError orDeviceGetUtilization(int device, unsigned* kernel_percent, unsigned* memory_percent) {
+  if (kernel_percent == nullptr || memory_percent == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (orError status = detail::check_device(device); status != orError::Success) {
+    return status;
+  }
+  static std::once_flag started;
+  std::call_once(started, [] {
+    int count = 0;
+    (void)orGetDeviceCount(&count);
+    std::thread([count] { sample_forever(count); }).detach();
+  });
+  Utilization& u = utilization();
+  std::lock_guard<std::mutex> lock(u.mutex);
+  *kernel_percent = percent(u.kernel[device], u.samples[device].size());
+  *memory_percent = percent(u.memory[device], u.samples[device].size());
   return orError::Success;
 }
 

@@ -9,7 +9,9 @@ import torch
 from torch_openreg import _C
 
 __all__ = [
+    "AcceleratorError",
     "OutOfMemoryError",
+    "can_device_access_peer",
     "current_device",
     "device",
     "device_count",
@@ -17,11 +19,17 @@ __all__ = [
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_sync_debug_mode",
     "init",
     "is_available",
+    "is_current_stream_capturing",
     "is_initialized",
+    "is_tf32_supported",
+    "memory_usage",
     "set_device",
+    "set_sync_debug_mode",
     "synchronize",
+    "utilization",
 ]
 
 def _is_in_bad_fork() -> bool:
@@ -48,6 +56,8 @@ def init() -> None:
 
 # Raised when a device allocation fails, as torch.cuda.OutOfMemoryError.
 OutOfMemoryError = torch.OutOfMemoryError
+# torch's error for a failure of the device itself, as torch.cuda.AcceleratorError.
+AcceleratorError = torch.AcceleratorError
 
 
 def is_initialized() -> bool:
@@ -161,6 +171,71 @@ def synchronize(device: Any = None) -> None:
     """Waits for all work on ``device`` (default: the current device)."""
     _lazy_init()
     _C._synchronize(_device_index(device))
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Whether kernels on ``device`` can read ``peer_device``'s memory, as
+    torch.cuda.can_device_access_peer: always, for two openreg devices of
+    this process (the runtime copies between any two)."""
+    _lazy_init()
+    for index in (_device_index(device), _device_index(peer_device, optional=False)):
+        _C._validate_device_index(index)
+    return True
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Warns (``"warn"`` or 1) or raises (``"error"`` or 2) on each operation that
+    makes the host wait for the device, as torch.cuda.set_sync_debug_mode: a
+    copy between the host and openreg that is not non_blocking, ``.item()``
+    (and so printing, ``.tolist()``), an operator whose result's shape depends
+    on the device's values (nonzero, masked_select, unique...) and
+    ``Stream.synchronize()``; ``"default"`` or 0 turns it off. An explicit
+    ``synchronize()`` or ``Event.synchronize()`` is never reported."""
+    _lazy_init()
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    _C._set_sync_debug_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """The mode set_sync_debug_mode set: 0 (default), 1 (warn) or 2 (error)."""
+    _lazy_init()
+    return _C._get_sync_debug_mode()
+
+
+def utilization(device: Any = None) -> int:
+    """The percent of the last second during which a kernel ran on ``device``, as
+    torch.cuda.utilization reads it from nvidia-smi. The runtime samples the
+    device's streams every millisecond from the first call of utilization or
+    memory_usage on (so the first call answers 0, and the period is shorter than
+    a second until one has passed). Kernels (queued, or run at once by the
+    launching thread) and host functions queued on a stream count
+    (torch.openreg._sleep's wait is one); copies count for memory_usage only."""
+    _lazy_init()
+    return _C._utilization(_device_index(device))[0]
+
+
+def memory_usage(device: Any = None) -> int:
+    """The percent of the last second during which ``device``'s memory was read or
+    written (by a kernel or a copy queued on its streams), as torch.cuda.memory_usage
+    reads it from nvidia-smi; sampled as utilization() is."""
+    _lazy_init()
+    return _C._utilization(_device_index(device))[1]
+
+
+def is_current_stream_capturing() -> bool:
+    """False: openreg has no graph capture (torch.cuda.graph's), so no stream is ever capturing."""
+    return False
+
+
+def is_tf32_supported() -> bool:
+    """False: openreg's matrix products run CPU kernels in full float32; there is no TF32."""
+    return False
 
 
 # Imported last: they use the device functions above.

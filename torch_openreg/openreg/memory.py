@@ -8,6 +8,7 @@ raises ``torch.OutOfMemoryError``.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import sys
 import types
@@ -21,8 +22,15 @@ import torch.cuda.memory
 from torch_openreg import _C
 
 __all__ = [
+    "MemPool",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "device_memory_used",
     "empty_cache",
+    "get_allocator_backend",
     "get_per_process_memory_fraction",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
     "max_memory_allocated",
     "max_memory_cached",
     "max_memory_reserved",
@@ -30,14 +38,18 @@ __all__ = [
     "memory_allocated",
     "memory_cached",
     "memory_reserved",
+    "memory_snapshot",
     "memory_stats",
     "memory_stats_as_nested_dict",
     "memory_summary",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
+    "use_mem_pool",
 ]
 
 
@@ -212,3 +224,157 @@ def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     snapshot = _snapshot()
     with open(filename, "wb") as f:
         pickle.dump(snapshot, f)
+
+
+def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """The segments of every device and their blocks, as torch.cuda.memory_snapshot
+    (``_snapshot()["segments"]``); with ``mempool_id`` (a MemPool's ``id``), only
+    that private pool's segments."""
+    segments = _snapshot()["segments"]
+    if mempool_id is None:
+        return segments
+    return [s for s in segments if s["segment_pool_id"] == tuple(mempool_id)]
+
+
+class MemPool:
+    """A private pool of openreg's caching allocator, as torch.cuda.MemPool: the
+    allocations made on its device inside ``use_mem_pool(pool)`` come from
+    segments of its own, which no other allocation uses, and which it keeps
+    cached (``empty_cache`` leaves them) until the pool is deleted.
+
+    ``allocator`` (a pluggable allocator), ``use_on_oom`` and ``no_split`` are
+    not supported and raise NotImplementedError."""
+
+    def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False):
+        for name, value in (("allocator", allocator), ("use_on_oom", use_on_oom), ("no_split", no_split)):
+            if value not in (None, False):
+                raise NotImplementedError(
+                    f"torch.openreg.MemPool({name}=...) is not supported: openreg's private pools take memory "
+                    "from its caching allocator only, never fall back to other pools, and split blocks as the "
+                    "default pools do (docs/runtime.md, 'Private memory pools')")
+        from torch_openreg.openreg import current_device
+
+        self._device = current_device()
+        self._uid = _C._mem_pool_create(self._device)
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, (0, n) as for a user-created pool of torch.cuda."""
+        return (0, self._uid)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("openreg", self._device)
+
+    def use_count(self) -> int:
+        """1 for the pool itself, and one per use_mem_pool it is active in."""
+        return _C._mem_pool_use_count(self._device, self._uid)
+
+    def snapshot(self, include_traces: bool = True) -> list[dict[str, Any]]:
+        """The pool's segments, as memory_snapshot(pool.id)."""
+        return memory_snapshot(self.id, include_traces)
+
+    def __del__(self) -> None:
+        uid = getattr(self, "_uid", None)
+        if uid is not None and _C is not None:
+            _C._mem_pool_release(self._device, uid)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: Any = None):
+    """Routes this thread's allocations on ``device`` (default: the current
+    device) to ``pool`` until the block ends, as torch.cuda.use_mem_pool; other
+    threads (autograd's backward thread, a stream's worker) keep allocating
+    from the default pools. Nested blocks route to the innermost pool."""
+    index = _index(device)
+    if index != pool._device:
+        raise ValueError(f"use_mem_pool: the pool belongs to openreg:{pool._device}, not openreg:{index}")
+    _C._mem_pool_begin(index, pool._uid)
+    try:
+        yield
+    finally:
+        _C._mem_pool_end(index, pool._uid)
+
+
+def _set_allocator_settings(settings: str) -> None:
+    """Sets the caching allocator's options, in PYTORCH_OPENREG_ALLOC_CONF's syntax
+    ("max_split_size_mb:64,garbage_collection_threshold:0.8"), as
+    torch.cuda.memory._set_allocator_settings; a malformed text raises ValueError
+    naming the key and the values it accepts, and changes nothing."""
+    _C._set_allocator_settings(settings)
+
+
+def _get_allocator_settings() -> str:
+    """The text of the options in effect (PYTORCH_OPENREG_ALLOC_CONF or the last
+    _set_allocator_settings); "" when none was set."""
+    return _C._get_allocator_settings()
+
+
+def get_allocator_backend() -> str:
+    """"native": openreg's caching allocator is the only backend (torch.cuda's
+    other one, cudaMallocAsync, is CUDA's driver allocator)."""
+    return "native"
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """``size`` bytes of device memory from the caching allocator, for another
+    framework's use, as torch.cuda.caching_allocator_alloc: from the pool of
+    ``stream`` (default: the current stream of ``device``, default the current
+    device). Returns the device address; give it back with caching_allocator_delete."""
+    index = _index(device)
+    if stream is None:
+        stream_id = _C._current_stream_id(index)
+    elif isinstance(stream, torch.Stream) and stream.device == torch.device("openreg", index):
+        stream_id = stream.stream_id
+    else:
+        raise TypeError(f"caching_allocator_alloc: stream must be None or a torch.openreg.Stream of openreg:{index}, "
+                        f"got {stream!r}")
+    return _C._caching_allocator_alloc(size, index, stream_id)
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Gives back memory that caching_allocator_alloc returned, as
+    torch.cuda.caching_allocator_delete; an address it did not return raises ValueError."""
+    _C._caching_allocator_delete(mem_ptr)
+
+
+def device_memory_used(device: Any = None) -> int:
+    """Bytes of ``device`` in use, as the driver sees them (torch.cuda reads
+    them from nvidia-smi): every segment the caching allocator holds, in use
+    or cached."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """The pinned host allocator's statistics, nested as
+    torch.cuda.host_memory_stats_as_nested_dict: ``allocations``,
+    ``allocated_bytes``, ``active_requests``, ``active_bytes`` (each current,
+    peak, allocated, freed), ``num_host_alloc``, ``num_host_free`` and
+    ``host_alloc_time`` / ``host_free_time`` (microseconds: total, max, min, count, avg)."""
+    return _C._host_memory_stats()
+
+
+def host_memory_stats() -> OrderedDict[str, Any]:
+    """host_memory_stats_as_nested_dict() flattened at dots and sorted, as torch.cuda.host_memory_stats."""
+    flat: list[tuple[str, Any]] = []
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat.append((prefix, value))
+
+    add("", host_memory_stats_as_nested_dict())
+    return OrderedDict(sorted(flat))
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Resets the "allocated" and "freed" counts of host_memory_stats."""
+    _C._reset_accumulated_host_memory_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Resets the "peak" counts of host_memory_stats."""
+    _C._reset_peak_host_memory_stats()

@@ -190,6 +190,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // A synchronous copy runs after the work queued on the streams of both sides.
   // A plain memcpy is no kernel: the profiler sees it as the runtime's copy.
   const bool memcpy = same_layout_dense(self, dst);
+  if (!non_blocking && (self.is_cpu() || dst.is_cpu())) { // as CUDA's, whose non_blocking copies never wait
+    check_sync_debug(dst.is_cpu() ? "copy from openreg to the host" : "copy from the host to openreg");
+  }
   for (const at::Tensor* t : {&self, &dst}) {
     if (t->device().is_privateuseone()) {
       memcpy ? wait_current_stream(t->device().index()) : join_current_stream(t->device().index());
@@ -222,6 +225,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  check_sync_debug("item");
   join_current_stream(self.device().index());
   report_host_wait(self.device().index());
   return at::_local_scalar_dense(cpu_alias(self));

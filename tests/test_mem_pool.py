@@ -1,0 +1,122 @@
+"""torch.openreg.MemPool and use_mem_pool: private pools of the caching allocator,
+as torch.cuda's."""
+
+import gc
+import threading
+
+import pytest
+import torch
+
+MiB = 1 << 20
+
+
+def segment_of(t: torch.Tensor, segments: list[dict]) -> dict | None:
+    found = [s for s in segments if s["address"] <= t.data_ptr() < s["address"] + s["total_size"]]
+    return found[0] if found else None
+
+
+def test_allocations_inside_use_mem_pool_come_from_the_pool_s_own_segments():
+    pool = torch.openreg.MemPool()
+    assert pool.id[0] == 0 and pool.id[1] > 0 and pool.device == torch.device("openreg", 0)
+    outside = torch.empty(1000, device="openreg")
+    with torch.openreg.use_mem_pool(pool):
+        inside = torch.empty(1000, device="openreg")
+        large = torch.empty(3 * MiB, dtype=torch.uint8, device="openreg")
+        on_other_device = torch.empty(1000, device="openreg:1")
+    after = torch.empty(1000, device="openreg")
+    mine = pool.snapshot()
+    assert segment_of(inside, mine) is not None and segment_of(large, mine) is not None
+    assert all(segment_of(t, mine) is None for t in (outside, after, on_other_device))
+    assert all(s["segment_pool_id"] == pool.id for s in mine)
+    assert torch.openreg.memory_snapshot(pool.id) == mine
+
+
+def test_a_pool_s_freed_blocks_are_reused_only_inside_it():
+    pool = torch.openreg.MemPool()
+    with torch.openreg.use_mem_pool(pool):
+        t = torch.empty(4096, device="openreg")
+    address = t.data_ptr()
+    del t
+    outside = torch.empty(4096, device="openreg")
+    assert outside.data_ptr() != address  # the default pool does not take the pool's block
+    with torch.openreg.use_mem_pool(pool):
+        again = torch.empty(4096, device="openreg")
+    assert again.data_ptr() == address
+
+
+def test_use_count_counts_the_pool_and_its_active_blocks():
+    pool = torch.openreg.MemPool()
+    assert pool.use_count() == 1
+    with torch.openreg.use_mem_pool(pool):
+        assert pool.use_count() == 2
+        with torch.openreg.use_mem_pool(pool):
+            assert pool.use_count() == 3
+        assert pool.use_count() == 2
+    assert pool.use_count() == 1
+
+
+def test_nested_pools_route_to_the_innermost_and_back():
+    outer, inner = torch.openreg.MemPool(), torch.openreg.MemPool()
+    with torch.openreg.use_mem_pool(outer):
+        a = torch.empty(100, device="openreg")
+        with torch.openreg.use_mem_pool(inner):
+            b = torch.empty(100, device="openreg")
+        c = torch.empty(100, device="openreg")
+    assert segment_of(a, outer.snapshot()) and segment_of(c, outer.snapshot())
+    assert segment_of(b, inner.snapshot()) and not segment_of(b, outer.snapshot())
+
+
+def test_other_threads_keep_allocating_from_the_default_pools():
+    pool = torch.openreg.MemPool()
+    results = {}
+    with torch.openreg.use_mem_pool(pool):
+        mine = torch.empty(100, device="openreg")
+        worker = threading.Thread(target=lambda: results.setdefault("t", torch.empty(100, device="openreg")))
+        worker.start()
+        worker.join()
+    assert segment_of(mine, pool.snapshot()) is not None
+    assert segment_of(results["t"], pool.snapshot()) is None
+
+
+def test_the_pool_keeps_its_cache_until_deleted_then_gives_it_back():
+    torch.openreg.synchronize(1)
+    torch.openreg.empty_cache()
+    baseline = torch.openreg.memory_reserved(1)
+    with torch.openreg.device(1):
+        pool = torch.openreg.MemPool()
+        with torch.openreg.use_mem_pool(pool):
+            t = torch.empty(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    del t
+    torch.openreg.empty_cache()
+    assert torch.openreg.memory_reserved(1) == baseline + 30 * MiB  # kept for the pool
+    assert len(pool.snapshot()) == 1
+    del pool
+    gc.collect()
+    assert torch.openreg.memory_reserved(1) == baseline
+
+
+def test_blocks_alive_when_the_pool_goes_are_given_back_once_freed():
+    torch.openreg.synchronize(1)
+    torch.openreg.empty_cache()
+    baseline = torch.openreg.memory_reserved(1)
+    with torch.openreg.device(1):
+        pool = torch.openreg.MemPool()
+        with torch.openreg.use_mem_pool(pool):
+            t = torch.ones(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    del pool
+    gc.collect()
+    assert t.sum().item() == 30 * MiB  # still usable
+    del t
+    torch.openreg.empty_cache()
+    assert torch.openreg.memory_reserved(1) == baseline
+
+
+def test_bad_uses_raise_clear_errors():
+    for kwargs in ({"allocator": object()}, {"use_on_oom": True}, {"no_split": True}):
+        with pytest.raises(NotImplementedError, match=r"torch.openreg.MemPool\(\w+=...\) is not supported"):
+            torch.openreg.MemPool(**kwargs)
+    pool = torch.openreg.MemPool()
+    with pytest.raises(ValueError, match="the pool belongs to openreg:0, not openreg:1"):
+        with torch.openreg.use_mem_pool(pool, device=1):
+            pass
+    assert pool.use_count() == 1
