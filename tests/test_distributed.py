@@ -318,6 +318,28 @@ def mixing_openreg_and_cpu_tensors_in_one_call_is_refused(r: Rank):
 
 
 @on_every_rank
+def wrong_output_sizes_raise_naming_the_collective(r: Rank):
+    # Checked by gloo on each rank before anything is sent: every rank raises.
+    cases = {
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            torch.zeros(WORLD * 4 - 1, device=r.device), torch.ones(4, device=r.device)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            torch.zeros(3, device=r.device), torch.ones(WORLD * 4, device=r.device)),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+        except RuntimeError as e:
+            assert str(e).startswith(f"openreg_gloo {name}: "), str(e)
+            assert "size" in str(e).lower() or "shape" in str(e).lower(), str(e)
+        else:
+            raise AssertionError(f"{name} with a wrong output size did not raise")
+    t = per_rank(r, 3).to(r.device)  # the group still works
+    dist.all_reduce(t)
+    assert_same(t, sum(every_ranks(3)), r.device)
+
+
+@on_every_rank
 def new_groups_use_openreg_gloo_too(r: Rank):
     group = dist.new_group(list(range(WORLD)))
     t = per_rank(r, 2).to(r.device)
