@@ -852,6 +852,42 @@ def test_torchrun_example_matches_one_process_on_the_whole_batch(tmp_path):
         torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def one_process_fsdp_tp_losses(steps: int) -> list[float]:
+    """The oracle for examples/fsdp_tp_train.py: the same model and batches, one CPU
+    process, no parallelism."""
+    spec = importlib.util.spec_from_file_location("fsdp_tp_train", REPO / "examples" / "fsdp_tp_train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for tokens in example.make_batches(steps):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, example.VOCAB), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("mesh", ["1x2", "2x1"])  # ("dp", "tp"): tensor parallel only, FSDP only
+def test_fsdp_tp_example_learns_as_one_process_on_the_whole_batch(tmp_path, mesh):
+    steps = 10
+    path = tmp_path / "losses.json"
+    result = launch(
+        [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+          "examples/fsdp_tp_train.py", "--mesh", mesh, "--steps", str(steps), "--losses", str(path)]],
+        tmp_path,
+    )
+    LAUNCHES.append(result)
+    assert not result.timed_out and result.returncodes == [0], result.logs
+    losses = json.loads(path.read_text())
+    assert losses[-1] < 0.5 * losses[0], losses
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(one_process_fsdp_tp_losses(steps)),
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_launches_leave_no_process_behind(two_ranks):
     # Runs last in this file (pytest keeps definition order): every launch above is done.
     assert LAUNCHES
