@@ -888,6 +888,52 @@ def test_fsdp_tp_example_learns_as_one_process_on_the_whole_batch(tmp_path, mesh
                                rtol=1e-4, atol=1e-5)
 
 
+TWO_NODE_SCRIPT = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+local = int(os.environ["LOCAL_RANK"])
+torch.openreg.set_device(local)
+dist.init_process_group()
+rank = dist.get_rank()
+t = torch.full((4,), float(rank + 1), device=f"openreg:{local}")
+dist.all_reduce(t)
+report = {"world": dist.get_world_size(), "node": int(os.environ["GROUP_RANK"]), "group": dist.group.WORLD.name(),
+          "device": str(t.device), "result": t.cpu().tolist()}
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(report, f)
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_nodes_on_loopback_all_reduce_on_openreg(tmp_path):
+    # docs/distributed.md's multi-node command, with both "nodes" on this host: two
+    # torchrun launches meeting at a c10d rendezvous on 127.0.0.1.
+    script = tmp_path / "all_reduce.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    endpoint = f"127.0.0.1:{free_port()}"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", tmp_path.name,
+                "--max-restarts", "0"]
+    result = launch([torchrun + [str(script), str(tmp_path)] for _ in range(2)], tmp_path)
+    LAUNCHES.append(result)
+    assert not result.timed_out and result.returncodes == [0, 0], result.logs
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert sorted(r["node"] for r in reports) == [0, 1]
+    for r in reports:
+        assert r["world"] == 2 and r["group"] == "openreg_gloo" and r["device"].startswith("openreg:")
+        assert r["result"] == [3.0] * 4  # 1 + 2
+
+
 def test_launches_leave_no_process_behind(two_ranks):
     # Runs last in this file (pytest keeps definition order): every launch above is done.
     assert LAUNCHES
