@@ -498,6 +498,41 @@ def tensor_parallel_block_matches_one_process(r: Rank):
 
 
 @on_every_rank
+def fsdp_times_tp_on_two_dimensional_meshes_matches_one_process(r: Rank):
+    # init_device_mesh("openreg", (dp, tp)): the MLP's linears split over "tp" (columns,
+    # then rows) and fully_shard-ed over "dp", each dp rank on its share of the batch.
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for shape in ((2, 1), (1, 2)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        reference = copy.deepcopy(model)
+        mesh = init_device_mesh("openreg", shape, mesh_dim_names=("dp", "tp"))
+        model.to(r.device)
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        batches = torch.Generator().manual_seed(4)
+        dp, dp_rank = shape[0], mesh["dp"].get_local_rank()
+        for _ in range(2):
+            x = torch.randn(4 * dp, 8, generator=batches)
+            model(x.chunk(dp)[dp_rank].to(r.device)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            reference(x).square().mean().backward()
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+        for param, expected in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(param.full_tensor().cpu(), expected.detach(), rtol=1e-5, atol=1e-6,
+                                       msg=f"mesh {shape}")
+
+
+@on_every_rank
 def all_to_all_single_with_uneven_splits_and_batch_isend_irecv(r: Rank):
     # Rank 0 sends 1 element to rank 0 and 3 to rank 1; rank 1 sends 2 and 2.
     sends = [[1, 3], [2, 2]]
