@@ -243,14 +243,8 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
                 for t in _flatten(args[0]):
                     if id(t) in staged:
                         t.copy_(staged[id(t)])
-            done = torch.futures.Future()
-            done.set_result([] if result is None else result)
-            return _Work(op, future=done)
-        if result is None:
-            return _Work(op, work)
-        # A Python callback, run by gloo's thread when the collective completes; it
-        # re-raises gloo's error (a timeout, a peer gone) in the new future.
-        return _Work(op, work, work.get_future().then(_result_of(op, result)))
+            return _Work(op, result=result)
+        return _Work(op, work, result)
 
     # --- collectives (names and signatures of torch.distributed.ProcessGroup) ---------
 
@@ -354,55 +348,54 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
 
 class _Work(dist.Work):
     """What a collective of this group returns: gloo's work on the aliases, whose
-    ``wait()`` raises gloo's error under the collective's name, and whose future (if
-    any) has the openreg tensors as its value.
+    ``wait()`` raises gloo's error under the collective's name, and whose future has
+    ``result`` (the openreg tensors, not their aliases) as its value.
 
     Not ``c10d._create_work_from_future``: in torch 2.13 that work's ``wait()`` returns
     normally when its future holds an error, so a collective whose peer died would
     leave its output unwritten without a word. C++ callers (functional collectives,
     DDP's reducer) reach ``wait`` and ``get_future`` through torch's ``PyWork``
-    trampoline (torch/csrc/distributed/c10d/PyProcessGroup.hpp).
+    trampoline (torch/csrc/distributed/c10d/PyProcessGroup.hpp). The future is made
+    when asked for: its Python callback runs on gloo's thread, which then competes for
+    the GIL, and ``async_op=False`` only waits.
     """
 
-    def __init__(self, op: str, work: dist.Work | None = None, future: torch.futures.Future | None = None) -> None:
+    def __init__(self, op: str, work: dist.Work | None = None, result: Any = None) -> None:
         super().__init__()
-        self._op, self._work, self._future = op, work, future
+        self._op, self._work, self._result = op, work, result
+        self._future: torch.futures.Future | None = None
         self._source: int | None = None
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
-        try:
-            if self._work is not None:
+        if self._work is not None:
+            try:
                 self._work.wait(timeout)
-                self._release()
-            if self._future is not None:
-                self._future.wait()
-        except Exception as e:
-            raise _named(self._op, e) from None
+            except Exception as e:
+                raise _named(self._op, e) from None
+            self._release()
         return True
 
     def _release(self) -> None:
         """Lets go of gloo's work once it is done: it holds the CPU aliases, and a work
         the caller keeps (the loop variable of ``for w in works: w.wait()``) would keep
         them from ``_retire`` until the exit wait times out."""
-        try:
-            self._source = self._work._source_rank()  # recv: the rank it came from
-        except Exception:
-            pass
+        if self._op == "recv":
+            self._source = self._work._source_rank()  # the rank it came from
         self._work = None
 
     def get_future(self) -> torch.futures.Future:
-        if self._future is not None:
-            return self._future
-        if self._work is not None:
-            return self._work.get_future()
-        done = torch.futures.Future()
-        done.set_result([])
-        return done
+        if self._future is None:
+            if self._work is None:
+                self._future = torch.futures.Future()
+                self._future.set_result([] if self._result is None else self._result)
+            elif self._result is None:
+                return self._work.get_future()  # gloo's, or its error: it has none
+            else:
+                self._future = self._work.get_future().then(_result_of(self._op, self._result))
+        return self._future
 
     def is_completed(self) -> bool:
-        if self._work is not None and not self._work.is_completed():
-            return False
-        return self._future is None or self._future.done()
+        return self._work is None or self._work.is_completed()
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
@@ -419,9 +412,8 @@ class _Work(dist.Work):
         return self._source_rank()
 
     def result(self) -> list[torch.Tensor]:
-        if self._future is not None:
-            return self._future.value()
-        return self._work.result() if self._work is not None else []
+        self.wait()
+        return [] if self._result is None else self._result
 
     def synchronize(self) -> None:
         self.wait()
