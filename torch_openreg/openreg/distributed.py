@@ -209,9 +209,9 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
     ) -> dist.Work:
         """Calls ``call`` (a gloo method) on ``args`` with openreg tensors host-aliased.
 
-        ``result`` (tensors of ``args``) becomes the value of the returned work's future;
-        without one, gloo's own work is returned: gloo has no future for that
-        collective either (reduce_scatter, send, recv), or its value is empty (barrier).
+        Returns a ``_Work`` over gloo's, which names ``op`` in gloo's errors. ``result``
+        (tensors of ``args``) becomes the value of its future; without one, its future is
+        gloo's: gloo has none for that collective either (reduce_scatter, send, recv).
         ``writes_first``: gloo writes the tensors of the first argument (all but send).
         """
         tensors = [t for arg in args if _is_tensors(arg) for t in _flatten(arg)]
