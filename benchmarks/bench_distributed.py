@@ -64,7 +64,9 @@ def per_call(call: Callable[[], None], calls: int) -> float:
 
 def interleaved(cpu: Callable[[], None], dev: Callable[[], None], calls: int, repeat: int) -> tuple[float, float]:
     """Median seconds per call of each, measured alternately after a warm-up."""
-    per_call(cpu, 2), per_call(dev, 2)  # warm up: connections, allocator
+    # Warm up with one untimed round of each: connections, allocator, gloo's threads
+    # (2 calls were too few: the first collective timed came out 1.3-2x slower).
+    per_call(cpu, calls), per_call(dev, calls)
     cpu_t, dev_t = [], []
     for _ in range(repeat):
         cpu_t.append(per_call(cpu, calls))
