@@ -1,76 +1,172 @@
-"""all_reduce throughput over gloo on two local processes: openreg tensors (openreg_gloo,
-through CPU aliases) against CPU tensors (the same group, gloo on plain CPU memory).
+"""Collectives and an FSDP2 training step over gloo on two local processes: openreg
+tensors (openreg_gloo, through CPU aliases) against CPU tensors (the same group, gloo on
+plain CPU memory).
 
-    python benchmarks/bench_distributed.py [--json FILE] [--repeat N]
+    python benchmarks/bench_distributed.py [--json FILE] [--repeat N] [--max-bytes B] [--fsdp-steps N]
 
-Sizes run interleaved (CPU, openreg, CPU, openreg, ...); reported: the median time per
-all_reduce and its algorithm bandwidth (bytes of the tensor / time), and the ratio
-openreg / CPU of the times (1.0 = as fast as CPU tensors).
+Collectives: all_reduce, all_gather_into_tensor and reduce_scatter_tensor, each at 4 KiB,
+4 MiB and 64 MiB (the size of the tensor each rank contributes; ``--max-bytes`` drops the
+larger ones). FSDP2: one training step (forward, backward, AdamW step) of a small
+transformer ``fully_shard``-ed layer by layer on a mesh of the two ranks, on openreg and
+the same model on a CPU mesh.
+
+Every measurement alternates CPU and openreg (CPU, openreg, CPU, openreg, ...); reported:
+the median time per call (or step), the algorithm bandwidth of the collectives (bytes each
+rank contributes / time), and the ratio openreg / CPU of the median times (1.0 = as fast
+as CPU tensors).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-SIZES = [1 << 10, 1 << 20, 1 << 24]  # float32 elements: 4 KiB, 4 MiB, 64 MiB
+WORLD = 2
+SIZES = [1 << 10, 1 << 20, 1 << 24]  # float32 elements per rank: 4 KiB, 4 MiB, 64 MiB
 
 
-def per_call(t: torch.Tensor, calls: int) -> float:
+def all_reduce(n: int, device: torch.device) -> Callable[[], None]:
+    t = torch.ones(n, device=device)
+    return lambda: dist.all_reduce(t)
+
+
+def all_gather(n: int, device: torch.device) -> Callable[[], None]:
+    t, out = torch.ones(n, device=device), torch.empty(WORLD * n, device=device)
+    return lambda: dist.all_gather_single(out, t)  # all_gather_into_tensor's new name
+
+
+def reduce_scatter(n: int, device: torch.device) -> Callable[[], None]:
+    t, out = torch.ones(WORLD * n, device=device), torch.empty(n, device=device)
+    return lambda: dist.reduce_scatter_single(out, t)  # reduce_scatter_tensor's new name
+
+
+COLLECTIVES = {"all_reduce": all_reduce, "all_gather_into_tensor": all_gather, "reduce_scatter_tensor": reduce_scatter}
+
+
+def per_call(call: Callable[[], None], calls: int) -> float:
     dist.barrier()
     start = time.perf_counter()
     for _ in range(calls):
-        dist.all_reduce(t)
+        call()
     return (time.perf_counter() - start) / calls
 
 
-def rank_main(rank: int, store: str, repeat: int, out: str) -> None:
+def interleaved(cpu: Callable[[], None], dev: Callable[[], None], calls: int, repeat: int) -> tuple[float, float]:
+    """Median seconds per call of each, measured alternately after a warm-up."""
+    # Warm up with one untimed round of each: connections, allocator, gloo's threads
+    # (2 calls were too few: the first collective timed came out 1.3-2x slower).
+    per_call(cpu, calls), per_call(dev, calls)
+    cpu_t, dev_t = [], []
+    for _ in range(repeat):
+        cpu_t.append(per_call(cpu, calls))
+        dev_t.append(per_call(dev, calls))
+    return statistics.median(cpu_t), statistics.median(dev_t)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: self-attention and an MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.attention = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def fsdp2_step(model: torch.nn.Module, device: torch.device, seed: int) -> Callable[[], None]:
+    """One training step of ``model`` (a copy), fully_shard-ed per block over a mesh of
+    ``device``'s type, on this rank's batch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = copy.deepcopy(model).to(device)
+    mesh = init_device_mesh(device.type, (WORLD,))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 32, model[0].norm1.normalized_shape[0], generator=torch.Generator().manual_seed(seed))
+    x = x.to(device)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def rank_main(rank: int, store: str, repeat: int, max_bytes: int, fsdp_steps: int, out: str) -> None:
     torch.openreg.set_device(rank)
-    dist.init_process_group(init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group(init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    device = torch.device("openreg", rank)
+    cpu = torch.device("cpu")
     rows = []
-    for n in SIZES:
-        calls = max(2, min(200, (1 << 26) // (n * 4)))
-        cpu, dev = torch.ones(n), torch.ones(n, device=f"openreg:{rank}")
-        per_call(cpu, 2), per_call(dev, 2)  # warm up: connections, allocator
-        cpu_t, dev_t = [], []
-        for _ in range(repeat):
-            cpu_t.append(per_call(cpu, calls))
-            dev_t.append(per_call(dev, calls))
-        c, d = statistics.median(cpu_t), statistics.median(dev_t)
-        rows.append({"elements": n, "bytes": 4 * n, "cpu_s": c, "openreg_s": d,
-                     "cpu_GBps": 4 * n / c / 1e9, "openreg_GBps": 4 * n / d / 1e9, "ratio": d / c})
+    for name, make in COLLECTIVES.items():
+        for n in SIZES:
+            if 4 * n > max_bytes:
+                continue
+            calls = max(2, min(200, (1 << 26) // (n * 4)))
+            c, d = interleaved(make(n, cpu), make(n, device), calls, repeat)
+            rows.append({"collective": name, "elements": n, "bytes": 4 * n, "cpu_s": c, "openreg_s": d,
+                         "cpu_GBps": 4 * n / c / 1e9, "openreg_GBps": 4 * n / d / 1e9, "ratio": d / c})
+    fsdp = None
+    if fsdp_steps:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(Block(128, 4) for _ in range(2)))
+        c, d = interleaved(fsdp2_step(model, cpu, rank), fsdp2_step(model, device, rank), fsdp_steps, repeat)
+        fsdp = {"model": "2 transformer blocks, dim 128, batch 8x32 per rank", "parameters":
+                sum(p.numel() for p in model.parameters()), "cpu_s": c, "openreg_s": d, "ratio": d / c}
     if rank == 0:
         with open(out, "w") as f:
-            json.dump(rows, f)
+            json.dump({"rows": rows, "fsdp2": fsdp}, f)
     dist.destroy_process_group()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--json", help="also write the report to this file")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--max-bytes", type=int, default=4 * SIZES[-1], help="largest collective size to run")
+    parser.add_argument("--fsdp-steps", type=int, default=5, help="FSDP2 steps per measurement (0: skip)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.json")
-        torch.multiprocessing.spawn(rank_main, args=(os.path.join(tmp, "store"), args.repeat, out), nprocs=2)
+        out = os.path.join(tmp, "report.json")
+        torch.multiprocessing.spawn(
+            rank_main, args=(os.path.join(tmp, "store"), args.repeat, args.max_bytes, args.fsdp_steps, out),
+            nprocs=WORLD,
+        )
         with open(out) as f:
-            rows = json.load(f)
-    print(f"{'bytes':>10} {'cpu ms':>9} {'openreg ms':>11} {'cpu GB/s':>9} {'openreg GB/s':>13} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['bytes']:>10} {r['cpu_s'] * 1e3:>9.3f} {r['openreg_s'] * 1e3:>11.3f} "
+            report = json.load(f)
+    print(f"{'collective':<23} {'bytes':>10} {'cpu ms':>9} {'openreg ms':>11} {'cpu GB/s':>9} "
+          f"{'openreg GB/s':>13} {'ratio':>6}")
+    for r in report["rows"]:
+        print(f"{r['collective']:<23} {r['bytes']:>10} {r['cpu_s'] * 1e3:>9.3f} {r['openreg_s'] * 1e3:>11.3f} "
               f"{r['cpu_GBps']:>9.2f} {r['openreg_GBps']:>13.2f} {r['ratio']:>6.2f}")
+    fsdp = report["fsdp2"]
+    if fsdp:
+        print(f"\nFSDP2 training step ({fsdp['model']}, {fsdp['parameters']} parameters):")
+        print(f"  cpu {fsdp['cpu_s'] * 1e3:.2f} ms  openreg {fsdp['openreg_s'] * 1e3:.2f} ms  "
+              f"ratio {fsdp['ratio']:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -85,3 +85,19 @@ def test_bench_launch_reports_the_sequence_and_the_queued_launch_latency(tmp_pat
     assert report["kernels"] == 20
     for key in ("cpu_us", "sequence_us", "queued_launch_us"):
         assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])
+
+
+def test_bench_distributed_reports_every_collective_and_the_fsdp2_step(tmp_path):
+    # Two ranks, the 4 KiB size only, one call per measurement and one FSDP2 step.
+    report = run_benchmark(ROOT / "benchmarks" / "bench_distributed.py", tmp_path / "bench_distributed.json",
+                           "--repeat", "1", "--max-bytes", "4096", "--fsdp-steps", "1")
+    rows = report["rows"]
+    assert [(r["collective"], r["bytes"]) for r in rows] == [
+        ("all_reduce", 4096), ("all_gather_into_tensor", 4096), ("reduce_scatter_tensor", 4096)]
+    for r in rows:
+        for key in ("cpu_s", "openreg_s", "ratio"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["collective"], key, r[key])
+    fsdp = report["fsdp2"]
+    assert fsdp["parameters"] > 0
+    for key in ("cpu_s", "openreg_s", "ratio"):
+        assert math.isfinite(fsdp[key]) and fsdp[key] > 0, (key, fsdp[key])

@@ -318,6 +318,28 @@ def mixing_openreg_and_cpu_tensors_in_one_call_is_refused(r: Rank):
 
 
 @on_every_rank
+def wrong_output_sizes_raise_naming_the_collective(r: Rank):
+    # Checked by gloo on each rank before anything is sent: every rank raises.
+    cases = {
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            torch.zeros(WORLD * 4 - 1, device=r.device), torch.ones(4, device=r.device)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            torch.zeros(3, device=r.device), torch.ones(WORLD * 4, device=r.device)),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+        except RuntimeError as e:
+            assert str(e).startswith(f"openreg_gloo {name}: "), str(e)
+            assert "size" in str(e).lower() or "shape" in str(e).lower(), str(e)
+        else:
+            raise AssertionError(f"{name} with a wrong output size did not raise")
+    t = per_rank(r, 3).to(r.device)  # the group still works
+    dist.all_reduce(t)
+    assert_same(t, sum(every_ranks(3)), r.device)
+
+
+@on_every_rank
 def new_groups_use_openreg_gloo_too(r: Rank):
     group = dist.new_group(list(range(WORLD)))
     t = per_rank(r, 2).to(r.device)
@@ -473,6 +495,41 @@ def tensor_parallel_block_matches_one_process(r: Rank):
     expected.sum().backward()
     torch.testing.assert_close(block[0].weight.grad.full_tensor().cpu(), reference[0].weight.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(block[2].weight.grad.full_tensor().cpu(), reference[2].weight.grad, rtol=1e-5, atol=1e-6)
+
+
+@on_every_rank
+def fsdp_times_tp_on_two_dimensional_meshes_matches_one_process(r: Rank):
+    # init_device_mesh("openreg", (dp, tp)): the MLP's linears split over "tp" (columns,
+    # then rows) and fully_shard-ed over "dp", each dp rank on its share of the batch.
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for shape in ((2, 1), (1, 2)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        reference = copy.deepcopy(model)
+        mesh = init_device_mesh("openreg", shape, mesh_dim_names=("dp", "tp"))
+        model.to(r.device)
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        batches = torch.Generator().manual_seed(4)
+        dp, dp_rank = shape[0], mesh["dp"].get_local_rank()
+        for _ in range(2):
+            x = torch.randn(4 * dp, 8, generator=batches)
+            model(x.chunk(dp)[dp_rank].to(r.device)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            reference(x).square().mean().backward()
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+        for param, expected in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(param.full_tensor().cpu(), expected.detach(), rtol=1e-5, atol=1e-6,
+                                       msg=f"mesh {shape}")
 
 
 @on_every_rank
@@ -828,6 +885,88 @@ def test_torchrun_example_matches_one_process_on_the_whole_batch(tmp_path):
     for name, value in model.state_dict().items():
         assert trained[name].device.type == "cpu"
         torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def one_process_fsdp_tp_losses(steps: int) -> list[float]:
+    """The oracle for examples/fsdp_tp_train.py: the same model and batches, one CPU
+    process, no parallelism."""
+    spec = importlib.util.spec_from_file_location("fsdp_tp_train", REPO / "examples" / "fsdp_tp_train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for tokens in example.make_batches(steps):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, example.VOCAB), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("mesh", ["1x2", "2x1"])  # ("dp", "tp"): tensor parallel only, FSDP only
+def test_fsdp_tp_example_learns_as_one_process_on_the_whole_batch(tmp_path, mesh):
+    steps = 10
+    path = tmp_path / "losses.json"
+    result = launch(
+        [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+          "examples/fsdp_tp_train.py", "--mesh", mesh, "--steps", str(steps), "--losses", str(path)]],
+        tmp_path,
+    )
+    LAUNCHES.append(result)
+    assert not result.timed_out and result.returncodes == [0], result.logs
+    losses = json.loads(path.read_text())
+    assert losses[-1] < 0.5 * losses[0], losses
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(one_process_fsdp_tp_losses(steps)),
+                               rtol=1e-4, atol=1e-5)
+
+
+TWO_NODE_SCRIPT = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+local = int(os.environ["LOCAL_RANK"])
+torch.openreg.set_device(local)
+dist.init_process_group()
+rank = dist.get_rank()
+t = torch.full((4,), float(rank + 1), device=f"openreg:{local}")
+dist.all_reduce(t)
+report = {"world": dist.get_world_size(), "node": int(os.environ["GROUP_RANK"]), "group": dist.group.WORLD.name(),
+          "device": str(t.device), "result": t.cpu().tolist()}
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(report, f)
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_nodes_on_loopback_all_reduce_on_openreg(tmp_path):
+    # docs/distributed.md's multi-node command, with both "nodes" on this host: two
+    # torchrun launches meeting at a c10d rendezvous on 127.0.0.1.
+    script = tmp_path / "all_reduce.py"
+    script.write_text(TWO_NODE_SCRIPT)
+    endpoint = f"127.0.0.1:{free_port()}"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", tmp_path.name,
+                "--max-restarts", "0"]
+    result = launch([torchrun + [str(script), str(tmp_path)] for _ in range(2)], tmp_path)
+    LAUNCHES.append(result)
+    assert not result.timed_out and result.returncodes == [0, 0], result.logs
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert sorted(r["node"] for r in reports) == [0, 1]
+    for r in reports:
+        assert r["world"] == 2 and r["group"] == "openreg_gloo" and r["device"].startswith("openreg:")
+        assert r["result"] == [3.0] * 4  # 1 + 2
 
 
 def test_launches_leave_no_process_behind(two_ranks):

@@ -121,6 +121,18 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         if group_name:
             self._gloo.options.group_name = group_name
         self._gloo._set_sequence_number_for_group()
+        # What runs the collectives: gloo, or with TORCH_DISTRIBUTED_DEBUG=DETAIL gloo
+        # behind torch's ProcessGroupWrapper, as c10d wraps its own gloo and NCCL groups
+        # (_new_process_group_helper). Before each collective it compares the ranks'
+        # (op, shapes, dtypes) over a second gloo and raises "Detected mismatch between
+        # collectives on ranks" naming both; gloo alone, given different sizes, aborts
+        # the process from its thread ("Received data size doesn't match expected
+        # size") or, on the rank expecting more, returns a partly written result.
+        self._backend = self._gloo
+        if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+            self._backend = dist.distributed_c10d._create_process_group_wrapper(
+                self._gloo, BACKEND_NAME, store, rank, size, timeout
+            )
         # Registered for CPU tensors only: what C++ code reaches without passing through
         # the methods below (c10d's op dispatch, ProcessGroup::getBackend) must never
         # hand gloo an openreg tensor. The group's name and description, which c10d
@@ -133,7 +145,7 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         # trampoline. Its tensors are CPU tensors and aliases only.
         self._gloo_group = c10d.ProcessGroup(rank, size)
         self._gloo_group._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
-        self._gloo_group._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._gloo)
+        self._gloo_group._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._backend)
         # The tensors this group made for gloo (CPU aliases, contiguous copies), one
         # list per call, kept until gloo has let go of them: see _retire.
         self._in_flight: list[list[torch.Tensor]] = []
@@ -197,9 +209,9 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
     ) -> dist.Work:
         """Calls ``call`` (a gloo method) on ``args`` with openreg tensors host-aliased.
 
-        ``result`` (tensors of ``args``) becomes the value of the returned work's future;
-        without one, gloo's own work is returned: gloo has no future for that
-        collective either (reduce_scatter, send, recv), or its value is empty (barrier).
+        Returns a ``_Work`` over gloo's, which names ``op`` in gloo's errors. ``result``
+        (tensors of ``args``) becomes the value of its future; without one, its future is
+        gloo's: gloo has none for that collective either (reduce_scatter, send, recv).
         ``writes_first``: gloo writes the tensors of the first argument (all but send).
         """
         tensors = [t for arg in args if _is_tensors(arg) for t in _flatten(arg)]
@@ -214,84 +226,77 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
         device_tensors = [t for t in stand_ins if t.device.type == "openreg"]
         if not device_tensors and not staged:
             # CPU tensors only: exactly what gloo does with them, gloo's own work.
-            return call(*args)
+            return _Work(op, _calling(op, call, args))
         self._retire()
         # One call for all of them: it joins each device's current stream once, so work
         # queued there (a non-blocking copy into an input) is done before gloo reads.
         aliases = dict(zip(map(id, device_tensors), _C._host_aliases(device_tensors)))
         replacement = {id(t): aliases.get(id(s), s) for t, s in zip(tensors, stand_ins)}
         self._in_flight.append(list(aliases.values()) + list(staged.values()))
-        work = call(*(_replaced(arg, replacement) if _is_tensors(arg) else arg for arg in args))
+        work = _calling(op, call, tuple(_replaced(arg, replacement) if _is_tensors(arg) else arg for arg in args))
         if staged:
             # Copying back needs gloo's results: this call completes before returning
             # (an error is raised here rather than by wait()). The copies are device
             # kernels on this thread's current stream, like any after wait().
-            work.wait()
+            _Work(op, work).wait()
             if writes_first:
                 for t in _flatten(args[0]):
                     if id(t) in staged:
                         t.copy_(staged[id(t)])
-            done = torch.futures.Future()
-            done.set_result([] if result is None else result)
-            return c10d._create_work_from_future(done)
-        if result is None:
-            return work
-        # A Python callback, run by gloo's thread when the collective completes; its
-        # value() re-raises gloo's error (a timeout, a peer gone) in the new future.
-        future = work.get_future().then(lambda done: (done.value(), result)[1])
-        return c10d._create_work_from_future(future)
+            return _Work(op, result=result)
+        return _Work(op, work, result)
 
     # --- collectives (names and signatures of torch.distributed.ProcessGroup) ---------
 
     def allreduce(self, tensors, opts=None):
         opts = _options(c10d.AllreduceOptions, opts)
-        return self._run("allreduce", self._gloo.allreduce, (tensors, opts), result=tensors)
+        return self._run("allreduce", self._backend.allreduce, (tensors, opts), result=tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = _options(c10d.AllreduceCoalescedOptions, opts)
-        return self._run("allreduce_coalesced", self._gloo.allreduce_coalesced, (tensors, opts), result=tensors)
+        return self._run("allreduce_coalesced", self._backend.allreduce_coalesced, (tensors, opts), result=tensors)
 
     def broadcast(self, tensors, opts=None):
         opts = _options(c10d.BroadcastOptions, opts)
-        return self._run("broadcast", self._gloo.broadcast, (tensors, opts), result=tensors)
+        return self._run("broadcast", self._backend.broadcast, (tensors, opts), result=tensors)
 
     def reduce(self, tensors, opts=None):
         opts = _options(c10d.ReduceOptions, opts)
-        return self._run("reduce", self._gloo.reduce, (tensors, opts), result=tensors)
+        return self._run("reduce", self._backend.reduce, (tensors, opts), result=tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = _options(c10d.AllgatherOptions, opts)
         return self._run(
-            "allgather", self._gloo.allgather, (output_tensors, input_tensors, opts), result=output_tensors
+            "allgather", self._backend.allgather, (output_tensors, input_tensors, opts), result=output_tensors
         )
 
     def all_gather_single(self, output, input, opts=None):
         """``all_gather_into_tensor``."""
         opts = _options(c10d.AllgatherOptions, opts)
-        return self._run("all_gather_into_tensor", self._gloo._allgather_base, (output, input, opts), result=[output])
+        return self._run("all_gather_into_tensor", self._backend._allgather_base, (output, input, opts), result=[output])
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         opts = _options(c10d.AllgatherOptions, opts)
         return self._run(
-            "allgather_coalesced", self._gloo.allgather_coalesced, (output_lists, input_list, opts), result=output_lists
+            "allgather_coalesced", self._backend.allgather_coalesced, (output_lists, input_list, opts), result=output_lists
         )
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = _options(c10d.GatherOptions, opts)
-        return self._run("gather", self._gloo.gather, (output_tensors, input_tensors, opts), result=output_tensors)
+        return self._run("gather", self._backend.gather, (output_tensors, input_tensors, opts), result=output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _options(c10d.ScatterOptions, opts)
-        return self._run("scatter", self._gloo.scatter, (output_tensors, input_tensors, opts), result=output_tensors)
+        return self._run("scatter", self._backend.scatter, (output_tensors, input_tensors, opts), result=output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = _options(c10d.ReduceScatterOptions, opts)
-        return self._run("reduce_scatter", self._gloo.reduce_scatter, (output_tensors, input_tensors, opts))
+        return self._run("reduce_scatter", self._backend.reduce_scatter, (output_tensors, input_tensors, opts))
 
     def reduce_scatter_single(self, output, input, opts=None):
         """``reduce_scatter_tensor``."""
         opts = _options(c10d.ReduceScatterOptions, opts)
-        return self._run("reduce_scatter_tensor", self._gloo._reduce_scatter_base, (output, input, opts))
+        return self._run("reduce_scatter_tensor", self._backend._reduce_scatter_base, (output, input, opts))
 
     # The coalesced forms DTensor's functional collectives call from C++
     # (_c10d_functional.all_gather_into_tensor, reduce_scatter_tensor and their
@@ -317,28 +322,134 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = _options(c10d.AllToAllOptions, opts)
-        return self._run("alltoall", self._gloo.alltoall, (output_tensors, input_tensors, opts), result=output_tensors)
+        return self._run("alltoall", self._backend.alltoall, (output_tensors, input_tensors, opts), result=output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = _options(c10d.AllToAllOptions, opts)
         return self._run(
             "all_to_all_single",
-            self._gloo.alltoall_base,
+            self._backend.alltoall_base,
             (output, input, output_split_sizes, input_split_sizes, opts),
             result=[output],
         )
 
     def barrier(self, opts=None):
-        return self._gloo.barrier(_options(c10d.BarrierOptions, opts))
+        return _Work("barrier", _calling("barrier", self._backend.barrier, (_options(c10d.BarrierOptions, opts),)))
 
     def send(self, tensors, dst, tag=0):
-        return self._run("send", self._gloo.send, (tensors, dst, tag), writes_first=False)
+        return self._run("send", self._backend.send, (tensors, dst, tag), writes_first=False)
 
     def recv(self, tensors, src, tag=0):
-        return self._run("recv", self._gloo.recv, (tensors, src, tag))
+        return self._run("recv", self._backend.recv, (tensors, src, tag))
 
     def recv_anysource(self, tensors, tag=0):
-        return self._run("recv", self._gloo.recv_anysource, (tensors, tag))
+        return self._run("recv", self._backend.recv_anysource, (tensors, tag))
+
+
+class _Work(dist.Work):
+    """What a collective of this group returns: gloo's work on the aliases, whose
+    ``wait()`` raises gloo's error under the collective's name, and whose future has
+    ``result`` (the openreg tensors, not their aliases) as its value.
+
+    Not ``c10d._create_work_from_future``: in torch 2.13 that work's ``wait()`` returns
+    normally when its future holds an error, so a collective whose peer died would
+    leave its output unwritten without a word. C++ callers (functional collectives,
+    DDP's reducer) reach ``wait`` and ``get_future`` through torch's ``PyWork``
+    trampoline (torch/csrc/distributed/c10d/PyProcessGroup.hpp). The future is made
+    when asked for: its Python callback runs on gloo's thread, which then competes for
+    the GIL, and ``async_op=False`` only waits.
+    """
+
+    def __init__(self, op: str, work: dist.Work | None = None, result: Any = None) -> None:
+        super().__init__()
+        self._op, self._work, self._result = op, work, result
+        self._future: torch.futures.Future | None = None
+        self._source: int | None = None
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        if self._work is not None:
+            try:
+                self._work.wait(timeout)
+            except Exception as e:
+                raise _named(self._op, e) from None
+            self._release()
+        return True
+
+    def _release(self) -> None:
+        """Lets go of gloo's work once it is done: it holds the CPU aliases, and a work
+        the caller keeps (the loop variable of ``for w in works: w.wait()``) would keep
+        them from ``_retire`` until the exit wait times out."""
+        if self._op == "recv":
+            self._source = self._work._source_rank()  # the rank it came from
+        self._work = None
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            if self._work is None:
+                self._future = torch.futures.Future()
+                self._future.set_result([] if self._result is None else self._result)
+            elif self._result is None:
+                return self._work.get_future()  # gloo's, or its error: it has none
+            else:
+                self._future = self._work.get_future().then(_result_of(self._op, self._result))
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if self._work is not None and self._work.is_completed() and not self._work.is_success():
+            return _named(self._op, self._work.exception())
+        return None
+
+    def _source_rank(self) -> int:
+        return self._work._source_rank() if self._work is not None else self._source
+
+    def source_rank(self) -> int:
+        return self._source_rank()
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return [] if self._result is None else self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _named(op: str, error: BaseException) -> BaseException:
+    """``error`` (gloo's: "Connection closed by peer", "Timed out waiting 5000ms for recv
+    operation to complete", ...) with the collective it interrupted named first, as the
+    same kind of exception (``DistBackendError`` stays one)."""
+    prefix = f"{BACKEND_NAME} {op}: "
+    if str(error).startswith(prefix):
+        return error
+    try:
+        named = type(error)(prefix + str(error))
+    except Exception:
+        named = RuntimeError(prefix + str(error))
+    return named
+
+
+def _calling(op: str, call: Callable[..., dist.Work], args: tuple[Any, ...]) -> dist.Work:
+    """``call(*args)``, with an error gloo raises at once (sizes it refuses) named."""
+    try:
+        return call(*args)
+    except Exception as e:
+        raise _named(op, e) from None
+
+
+def _result_of(op: str, result: Any) -> Callable[[torch.futures.Future], Any]:
+    def value(done: torch.futures.Future) -> Any:
+        try:
+            done.value()
+        except Exception as e:
+            raise _named(op, e) from None
+        return result
+
+    return value
 
 
 # Every live group, drained before the interpreter finalises (see _retire); atexit
