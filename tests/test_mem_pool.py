@@ -78,14 +78,20 @@ def test_other_threads_keep_allocating_from_the_default_pools():
     assert segment_of(results["t"], pool.snapshot()) is None
 
 
-def test_the_pool_keeps_its_cache_until_deleted_then_gives_it_back():
+def pool_holding_30_mib_on_device_1():
+    """(reserved bytes of openreg:1 before, a pool of openreg:1, a 30 MiB tensor of it)."""
     torch.openreg.synchronize(1)
     torch.openreg.empty_cache()
     baseline = torch.openreg.memory_reserved(1)
     with torch.openreg.device(1):
         pool = torch.openreg.MemPool()
         with torch.openreg.use_mem_pool(pool):
-            t = torch.empty(30 * MiB, dtype=torch.uint8, device="openreg:1")
+            t = torch.ones(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    return baseline, pool, t
+
+
+def test_the_pool_keeps_its_cache_until_deleted_then_gives_it_back():
+    baseline, pool, t = pool_holding_30_mib_on_device_1()
     del t
     torch.openreg.empty_cache()
     assert torch.openreg.memory_reserved(1) == baseline + 30 * MiB  # kept for the pool
@@ -96,13 +102,7 @@ def test_the_pool_keeps_its_cache_until_deleted_then_gives_it_back():
 
 
 def test_blocks_alive_when_the_pool_goes_are_given_back_once_freed():
-    torch.openreg.synchronize(1)
-    torch.openreg.empty_cache()
-    baseline = torch.openreg.memory_reserved(1)
-    with torch.openreg.device(1):
-        pool = torch.openreg.MemPool()
-        with torch.openreg.use_mem_pool(pool):
-            t = torch.ones(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    baseline, pool, t = pool_holding_30_mib_on_device_1()
     del pool
     gc.collect()
     assert t.sum().item() == 30 * MiB  # still usable
