@@ -9,6 +9,11 @@ child still running at the end of a test is killed.
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from multiprocessing.reduction import ForkingPickler
 
@@ -265,6 +270,49 @@ def test_data_outlives_a_producer_that_exits_first(children):
     assert torch.equal(x.cpu(), expected + 1)
     del x
     settle()
+
+
+# --- fork ------------------------------------------------------------------------------
+
+# The kernel view is a shared mapping of a memory file: a forked child must get
+# memory of its own (MADV_DONTFORK and a new file, RuntimeMemory.cpp), or its
+# allocations would land on the parent's bytes and its frees punch holes in them.
+FORK_BEFORE_INIT_SHARES_NOTHING = textwrap.dedent(
+    """
+    import json, os, torch, torch_openreg
+    assert not torch.openreg.is_initialized()
+    to_child_r, to_child_w = os.pipe()
+    to_parent_r, to_parent_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.read(to_child_r, 1)                      # the parent has written its tensor
+        y = torch.full((1 << 16,), 7.0, device="openreg")
+        y.add_(1)
+        torch.openreg.synchronize()
+        ok = y.cpu().eq(8).all().item()
+        del y
+        torch.openreg.empty_cache()                 # frees (punches) the child's pages
+        os.write(to_parent_w, b"1" if ok else b"0")
+        os._exit(0)
+    x = torch.full((1 << 16,), 1.0, device="openreg")
+    torch.openreg.synchronize()
+    os.write(to_child_w, b"1")
+    child_ok = os.read(to_parent_r, 1) == b"1"
+    os.waitpid(pid, 0)
+    print("RESULT " + json.dumps({"child_ok": child_ok, "parent_ok": x.cpu().eq(1).all().item()}))
+    """
+)
+
+
+def test_child_forked_before_initialisation_has_device_memory_of_its_own():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_BEFORE_INIT_SHARES_NOTHING], cwd=repo, capture_output=True, text=True,
+        timeout=TIMEOUT,
+    )
+    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and results, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert json.loads(results[-1][len("RESULT ") :]) == {"child_ok": True, "parent_ok": True}
 
 
 # --- what cannot be shared ---------------------------------------------------------------
