@@ -54,6 +54,11 @@ def describe(inbox, results) -> None:
     _report(results, run)
 
 
+def describe_argument(x, results) -> None:
+    """Reports the values and device of a tensor passed as the process's argument."""
+    _report(results, lambda: {"device": str(x.device), "values": x.cpu().tolist()})
+
+
 def writer(inbox, results, control) -> None:
     """Receives a tensor, fills it with 7 on its device, synchronises, reports;
     then waits for the parent's write and reports the values it reads."""

@@ -15,8 +15,9 @@ How (docs/runtime.md, "Sharing device memory between processes"):
   so the receiver sees what was queued before the send, and exports the
   runtime allocation around the storage (``orIpcGetMemHandle``: the memory
   file behind the device memory and the range of it);
-- the file descriptors travel by ``multiprocessing.reduction.DupFd``, as
-  torch's CPU storages do with the ``file_descriptor`` strategy;
+- the file descriptors travel as ``multiprocessing.reduction.DupFd`` does it
+  (torch's CPU storages with the ``file_descriptor`` strategy), both over one
+  connection to the sender's resource sharer (``_FdPair``);
 - the receiver maps the range into its own device memory
   (``orIpcOpenMemHandle``); its storage's deleter unmaps it and decrements a
   count in shared memory that the sender set to 1;
@@ -28,8 +29,10 @@ How (docs/runtime.md, "Sharing device memory between processes"):
 from __future__ import annotations
 
 import os
+import socket
 import threading
-from multiprocessing.reduction import DupFd, ForkingPickler
+from multiprocessing import context, reduction, resource_sharer
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.multiprocessing.reductions as _torch_reductions
@@ -80,13 +83,55 @@ def _cached(key: tuple) -> torch.UntypedStorage | None:
         return torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
 
 
+class _FdPair:
+    """Two file descriptors for the process that unpickles this.
+
+    ``multiprocessing.reduction.DupFd`` passes one descriptor per connection to
+    the sender's resource sharer, each connection with its authentication
+    handshake: the receiver's largest cost. This registers both descriptors of a
+    send (memory file, count file) with the same sharer
+    (``multiprocessing.resource_sharer``, as its ``DupFd`` does) and sends them in
+    one message of that connection.
+    """
+
+    def __init__(self, first: int, second: int) -> None:
+        fds = [os.dup(first), os.dup(second)]
+
+        def send(conn, pid):
+            with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                reduction.sendfds(s, fds)
+
+        def close():
+            for fd in fds:
+                os.close(fd)
+
+        self._id = resource_sharer._resource_sharer.register(send, close)
+
+    def detach(self) -> tuple[int, int]:
+        with resource_sharer._resource_sharer.get_connection(self._id) as conn:
+            with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                first, second = reduction.recvfds(s, 2)
+        return first, second
+
+
+class _ChildFdPair:
+    """Two descriptors pickled as a new process's argument: they go to the child
+    with it (the spawning Popen's DupFd), as ``reduction.DupFd`` does then. They
+    are passed when the child starts, after pickling: they must stay open."""
+
+    def __init__(self, first: int, second: int) -> None:
+        self._fds = (reduction.DupFd(first), reduction.DupFd(second))
+
+    def detach(self) -> tuple[int, int]:
+        return self._fds[0].detach(), self._fds[1].detach()
+
+
 def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
     return torch.UntypedStorage(0, device=torch.device("openreg", device))
 
 
-def _rebuild_storage(fd, counter_fd, device, offset, size, base, process, memory, storage_offset, nbytes):
-    fd = fd.detach()
-    counter_fd = counter_fd.detach()
+def _rebuild_storage(fds, device, offset, size, base, process, memory, storage_offset, nbytes):
+    fd, counter_fd = fds.detach()
     try:
         key = _key(process, memory, offset + base + storage_offset, nbytes)
         storage = _cached(key)
@@ -112,11 +157,14 @@ def _reduce_storage(storage: torch.UntypedStorage):
     # before the send must have run (CUDA sends an event to wait for instead).
     torch.openreg.synchronize(device)
     sent = _C._ipc_export(storage)
-    try:
-        memory_fd = DupFd(sent.fd)
-        counter_fd = DupFd(sent.counter_fd)
-    finally:
-        sent.close_counter_fd()
+    if context.get_spawning_popen() is not None:
+        # The count file stays open until ipc_collect drops this send.
+        fds = _ChildFdPair(sent.fd, sent.counter_fd)
+    else:
+        try:
+            fds = _FdPair(sent.fd, sent.counter_fd)  # duplicates them
+        finally:
+            sent.close_counter_fd()
     ipc_collect()
     with _sent_lock:
         _sent.append(sent)
@@ -126,8 +174,7 @@ def _reduce_storage(storage: torch.UntypedStorage):
     return (
         _rebuild_storage,
         (
-            memory_fd,
-            counter_fd,
+            fds,
             sent.device,
             sent.offset,
             sent.size,
