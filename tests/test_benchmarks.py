@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
 BENCH_MODELS = ROOT / "benchmarks" / "bench_models.py"
 BENCH_LAUNCH = ROOT / "benchmarks" / "bench_launch.py"
+BENCH_IPC = ROOT / "benchmarks" / "bench_ipc.py"
 
 
 def bench_ops_cases() -> list:
@@ -84,4 +85,11 @@ def test_bench_launch_reports_the_sequence_and_the_queued_launch_latency(tmp_pat
     report = run_benchmark(BENCH_LAUNCH, tmp_path / "bench_launch.json", "--repeat", "1", "--kernels", "20")
     assert report["kernels"] == 20
     for key in ("cpu_us", "sequence_us", "queued_launch_us"):
+        assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])
+
+
+def test_bench_ipc_reports_both_hand_off_times(tmp_path):
+    report = run_benchmark(BENCH_IPC, tmp_path / "bench_ipc.json", "--mib", "1", "--repeat", "2")
+    assert report["mib"] == 1
+    for key in ("openreg_ms", "cpu_shared_ms", "ratio"):
         assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])
