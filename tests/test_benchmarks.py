@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
 BENCH_MODELS = ROOT / "benchmarks" / "bench_models.py"
 BENCH_LAUNCH = ROOT / "benchmarks" / "bench_launch.py"
+BENCH_IPC = ROOT / "benchmarks" / "bench_ipc.py"
 
 
 def bench_ops_cases() -> list:
@@ -101,3 +102,10 @@ def test_bench_distributed_reports_every_collective_and_the_fsdp2_step(tmp_path)
     assert fsdp["parameters"] > 0
     for key in ("cpu_s", "openreg_s", "ratio"):
         assert math.isfinite(fsdp[key]) and fsdp[key] > 0, (key, fsdp[key])
+
+
+def test_bench_ipc_reports_both_hand_off_times(tmp_path):
+    report = run_benchmark(BENCH_IPC, tmp_path / "bench_ipc.json", "--mib", "1", "--repeat", "2")
+    assert report["mib"] == 1
+    for key in ("openreg_ms", "cpu_shared_ms", "ratio"):
+        assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])

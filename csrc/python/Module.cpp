@@ -7,6 +7,7 @@
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/dynamo/cpython_includes.h>
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -32,6 +33,7 @@
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegHostAllocator.h"
+#include "aten/OpenRegIpc.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
@@ -631,5 +633,37 @@ PYBIND11_MODULE(_C, m) {
   m.def("_launch_host_kernel_address", [] { return reinterpret_cast<uintptr_t>(&openreg_launch_host_kernel); },
         "The address of openreg_launch_host_kernel, for Inductor kernels' bindings.");
   m.add_object("_empty_strided", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr())));
+  // Sharing storages between processes (torch_openreg/openreg/ipc.py).
+  py::class_<openreg::ipc::SentStorage, std::shared_ptr<openreg::ipc::SentStorage>>(m, "_IpcSentStorage")
+      .def_property_readonly("fd", [](const openreg::ipc::SentStorage& s) { return s.handle().fd; })
+      .def_property_readonly("device", [](const openreg::ipc::SentStorage& s) { return s.handle().device; })
+      .def_property_readonly("offset", [](const openreg::ipc::SentStorage& s) { return s.handle().offset; })
+      .def_property_readonly("size", [](const openreg::ipc::SentStorage& s) { return s.handle().size; })
+      .def_property_readonly("base", [](const openreg::ipc::SentStorage& s) { return s.handle().base; })
+      .def_property_readonly("process", [](const openreg::ipc::SentStorage& s) { return s.handle().process; })
+      .def_property_readonly("memory", [](const openreg::ipc::SentStorage& s) { return s.handle().memory; })
+      .def_property_readonly("storage_offset", &openreg::ipc::SentStorage::storage_offset)
+      .def_property_readonly("nbytes", &openreg::ipc::SentStorage::nbytes)
+      .def_property_readonly("counter_fd", &openreg::ipc::SentStorage::counter_file)
+      .def("close_counter_fd", &openreg::ipc::SentStorage::close_counter_file)
+      .def("released", &openreg::ipc::SentStorage::released);
+  m.def("_ipc_export", [](py::handle storage) {
+    TORCH_CHECK(THPStorage_Check(storage.ptr()), "_ipc_export expects a torch.UntypedStorage");
+    return std::make_shared<openreg::ipc::SentStorage>(THPStorage_Unpack(storage.ptr()));
+  });
+  m.def("_ipc_open", [](int fd, int device, uint64_t offset, uint64_t size, uint64_t base, uint64_t process,
+                        uint64_t memory, uint64_t storage_offset, uint64_t nbytes, int counter_fd) {
+    openreg::orIpcMemHandle handle;
+    handle.fd = fd;
+    handle.device = device;
+    handle.offset = offset;
+    handle.size = size;
+    handle.base = base;
+    handle.process = process;
+    handle.memory = memory;
+    return py::reinterpret_steal<py::object>(
+        THPStorage_Wrap(openreg::ipc::open_storage(handle, storage_offset, nbytes, counter_fd)));
+  });
+  m.def("_ipc_release_send", &openreg::ipc::release_send);
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 }

@@ -113,6 +113,43 @@ bool orIsDeviceAddress(const void* ptr);
 // Synchronous copy. The device side(s) must be live device ranges.
 orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
 
+// -- sharing device memory between processes (like cudaIpc*) ---------------------
+//
+// The kernel view of a process's device memory is a memfd mapped MAP_SHARED
+// (docs/runtime.md, "Sharing device memory between processes"), so another
+// process can map part of it. The handle names the page-aligned range of that
+// file covering one allocation; the receiving process maps the range into a
+// range of its own device heap on the same device index, so the pointer it
+// gets is an ordinary device pointer of its own (PROT_NONE to host code,
+// reached by kernels through orKernelAddress).
+
+struct orIpcMemHandle {
+  int fd = -1;          // the exporter's memory file; the runtime owns it (dup it to send it)
+  int device = -1;      // device index of the allocation
+  uint64_t offset = 0;  // page-aligned offset of the range in the file
+  uint64_t size = 0;    // bytes of the range, a multiple of the page size
+  uint64_t base = 0;    // where the allocation starts inside the range
+  uint64_t process = 0; // pid of the exporter
+  uint64_t memory = 0;  // identity of the exporter's device memory (differs across fork and exec)
+};
+
+// A handle for the live allocation containing `ptr`. For memory this process
+// opened from another's handle, that handle (with this process's descriptor
+// of the file): a third process then maps the producer's memory too. The
+// exporter must keep the allocation (or its own opened mapping) alive while
+// any process has the handle open: freeing an allocation gives its pages back
+// in every process that mapped them.
+orError orIpcGetMemHandle(orIpcMemHandle* handle, const void* ptr);
+// Maps the handle's range on device `handle.device` of this process and sets
+// `*ptr` to where the allocation starts. `handle.fd` must be valid in this
+// process; the caller may close it afterwards (the mapping keeps the memory).
+// The memory lives as long as any process maps it, the exporter's exit
+// notwithstanding.
+orError orIpcOpenMemHandle(void** ptr, const orIpcMemHandle& handle);
+// Unmaps memory orIpcOpenMemHandle returned (after the device's streams are
+// done with it) and gives the range back to this process's heap.
+orError orIpcCloseMemHandle(void* ptr);
+
 // -- streams and events -----------------------------------------------------------
 
 struct orStream;

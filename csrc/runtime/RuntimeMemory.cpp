@@ -1,11 +1,16 @@
 // Device memory (two views of one region per device), pinned host memory and
 // synchronous copies.
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +46,12 @@ struct DeviceHeap {
   struct Live {
     size_t size;    // bytes requested
     size_t rounded; // bytes reserved
+    // Mapped from another process by orIpcOpenMemHandle: the heap range
+    // [range, range + range_size) holds the other process's pages.
+    bool imported = false;
+    size_t range = 0;
+    size_t range_size = 0;
+    orIpcMemHandle source{}; // the handle it was opened from (fd: this process's copy, for export)
   };
   std::map<size_t, Live> live; // by offset
   size_t used = 0;
@@ -49,6 +60,178 @@ struct DeviceHeap {
 std::array<DeviceHeap, kMaxDevices>& heaps() {
   static auto* h = new std::array<DeviceHeap, kMaxDevices>(); // leaked: outlives static dtors
   return *h;
+}
+
+// The memfd behind every device's kernel view (-1 when memfd_create is not
+// available: the kernel view is then private memory and cannot be shared),
+// and an identity of this process's device memory, new in a forked child.
+int memory_file = -1;
+uint64_t memory_identity = 0;
+uintptr_t kernel_view_base = 0;
+size_t kernel_view_size = 0;
+
+// The memory files of other processes that opened handles map, one
+// descriptor per file (however many handles of it are open), kept so that
+// memory received from another process can be sent on (orIpcGetMemHandle).
+struct ImportedFile {
+  int fd;
+  int opened;
+};
+std::mutex& imported_files_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::map<std::pair<dev_t, ino_t>, ImportedFile>& imported_files() {
+  static auto* f = new std::map<std::pair<dev_t, ino_t>, ImportedFile>();
+  return *f;
+}
+
+// This process's descriptor of the file `fd` is open on, or -1.
+int keep_imported_file(int fd, const struct stat& file) {
+  std::lock_guard<std::mutex> lock(imported_files_mutex());
+  auto [it, added] = imported_files().try_emplace({file.st_dev, file.st_ino}, ImportedFile{-1, 0});
+  if (added) {
+    it->second.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (it->second.fd < 0) {
+      imported_files().erase(it);
+      return -1;
+    }
+  }
+  ++it->second.opened;
+  return it->second.fd;
+}
+
+void drop_imported_file(int fd) {
+  std::lock_guard<std::mutex> lock(imported_files_mutex());
+  for (auto it = imported_files().begin(); it != imported_files().end(); ++it) {
+    if (it->second.fd == fd) {
+      if (--it->second.opened == 0) {
+        close(fd);
+        imported_files().erase(it);
+      }
+      return;
+    }
+  }
+}
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+uint64_t new_memory_identity() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (static_cast<uint64_t>(getpid()) << 40) ^ (static_cast<uint64_t>(now.tv_sec) * 1000000000u) ^
+      static_cast<uint64_t>(now.tv_nsec);
+}
+
+// Maps [addr, addr + size) of the kernel view to the same range of this
+// process's memory file (private memory without one). MADV_DONTFORK: a forked
+// child must not share device memory with its parent (its frees would punch
+// holes in the parent's pages); replace_memory_in_child gives it its own.
+bool map_own_memory(uintptr_t addr, size_t size) {
+  const int prot = PROT_READ | PROT_WRITE;
+  void* p = memory_file >= 0
+      ? mmap(reinterpret_cast<void*>(addr), size, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, memory_file,
+             static_cast<off_t>(addr - kernel_view_base))
+      : mmap(reinterpret_cast<void*>(addr), size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return false;
+  }
+  madvise(p, size, MADV_DONTFORK);
+  return true;
+}
+
+// Gives the pages of the kernel-view range [addr, addr + size) (page-aligned)
+// back to the host; the next use reads zeros. On shared memory
+// MADV_DONTNEED would only drop this mapping's view of the pages: the hole
+// punched in the file frees them (in every process that maps them).
+void release_pages(uintptr_t addr, size_t size) {
+  if (size == 0) {
+    return;
+  }
+  if (memory_file >= 0) {
+    fallocate(memory_file, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(addr - kernel_view_base),
+              static_cast<off_t>(size));
+  } else {
+    madvise(reinterpret_cast<void*>(addr), size, MADV_DONTNEED);
+  }
+}
+
+// pthread_atfork child handler: the kernel view was not inherited
+// (MADV_DONTFORK); map a memory file of the child's own there. A child
+// forked after openreg initialised cannot use it (OpenRegDevice.cpp), one
+// forked before starts with empty device memory, as it did with private
+// memory (nothing was allocated yet).
+void replace_memory_in_child() {
+  const int file = memfd_create("openreg-device-memory", MFD_CLOEXEC);
+  if (file >= 0 && ftruncate(file, static_cast<off_t>(kernel_view_size)) == 0) {
+    if (memory_file >= 0) {
+      dup2(file, memory_file); // the descriptor keeps its number
+      fcntl(memory_file, F_SETFD, FD_CLOEXEC);
+      close(file);
+    } else {
+      memory_file = file;
+    }
+  } else {
+    if (file >= 0) {
+      close(file);
+    }
+    if (memory_file >= 0) {
+      close(memory_file);
+    }
+    memory_file = -1;
+  }
+  memory_identity = new_memory_identity();
+  if (!map_own_memory(kernel_view_base, kernel_view_size) && memory_file >= 0) {
+    close(memory_file);
+    memory_file = -1;
+    map_own_memory(kernel_view_base, kernel_view_size);
+  }
+}
+
+// Returns [start, start + size) of a device's region to its free ranges,
+// coalescing with the free neighbours. Holds heap.mutex.
+void release_range(DeviceHeap& heap, size_t start, size_t size) {
+  auto next = heap.free.lower_bound(start);
+  if (next != heap.free.end() && next->first == start + size) {
+    size += next->second;
+    next = heap.free.erase(next);
+  }
+  if (next != heap.free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      size += prev->second;
+      heap.free.erase(prev);
+    }
+  }
+  heap.free.emplace(start, size);
+}
+
+// Takes `size` bytes whose kernel-view address is page-aligned from a
+// device's free ranges; `region` is the device's kernel-view start. Holds
+// heap.mutex.
+bool reserve_pages(DeviceHeap& heap, uintptr_t region, size_t size, size_t* offset) {
+  const size_t page = page_size();
+  for (auto it = heap.free.begin(); it != heap.free.end(); ++it) {
+    const auto [start, length] = *it;
+    const size_t aligned = (region + start + page - 1) / page * page - region;
+    if (aligned + size > start + length) {
+      continue;
+    }
+    heap.free.erase(it);
+    if (aligned > start) {
+      heap.free.emplace(start, aligned - start);
+    }
+    if (start + length > aligned + size) {
+      heap.free.emplace(aligned + size, start + length - aligned - size);
+    }
+    *offset = aligned;
+    return true;
+  }
+  return false;
 }
 
 // Pinned host blocks by start address.
@@ -149,11 +332,24 @@ orError map_device_memory(Config& config, std::string* message) {
   const size_t total = config.device_memory * static_cast<size_t>(config.device_count);
   // MAP_NORESERVE: the region is address space until a kernel touches it, so
   // an 8 GiB device costs nothing until used.
+  // The kernel view is a memory file mapped shared, so that another process
+  // can map part of it (orIpcOpenMemHandle); without memfd_create it is
+  // private memory, which cannot be shared.
   const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  memory_file = memfd_create("openreg-device-memory", MFD_CLOEXEC);
+  if (memory_file >= 0 && ftruncate(memory_file, static_cast<off_t>(total)) != 0) {
+    close(memory_file);
+    memory_file = -1;
+  }
   void* device_view = mmap(nullptr, total, PROT_NONE, flags, -1, 0);
-  void* kernel_view =
-      device_view == MAP_FAILED ? MAP_FAILED : mmap(nullptr, total, PROT_READ | PROT_WRITE, flags, -1, 0);
+  void* kernel_view = device_view == MAP_FAILED ? MAP_FAILED
+      : memory_file >= 0 ? mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, memory_file, 0)
+                         : mmap(nullptr, total, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (kernel_view == MAP_FAILED) {
+    if (memory_file >= 0) {
+      close(memory_file);
+      memory_file = -1;
+    }
     if (device_view != MAP_FAILED) {
       munmap(device_view, total);
     }
@@ -163,6 +359,11 @@ orError map_device_memory(Config& config, std::string* message) {
   }
   config.device_base = reinterpret_cast<uintptr_t>(device_view);
   config.kernel_base = reinterpret_cast<uintptr_t>(kernel_view);
+  kernel_view_base = config.kernel_base;
+  kernel_view_size = total;
+  memory_identity = new_memory_identity();
+  madvise(kernel_view, total, MADV_DONTFORK);
+  pthread_atfork(nullptr, nullptr, &replace_memory_in_child);
   for (int d = 0; d < config.device_count; ++d) {
     heaps()[d].free.emplace(0, config.device_memory);
   }
@@ -293,36 +494,149 @@ orError orFree(void* ptr) {
   const size_t offset = addr - c->device_base - device * c->device_memory;
   std::lock_guard<std::mutex> lock(heap.mutex);
   auto live = heap.live.find(offset);
-  if (live == heap.live.end()) {
-    return orError::InvalidPointer;
+  if (live == heap.live.end() || live->second.imported) {
+    return orError::InvalidPointer; // memory from another process: orIpcCloseMemHandle
   }
-  size_t start = offset;
-  size_t size = live->second.rounded;
+  const size_t size = live->second.rounded;
   heap.live.erase(live);
   heap.used -= size;
-  // Give the pages back to the host; the next allocation reads zeros.
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  // Give the pages back to the host; the next allocation reads zeros. Only
+  // whole pages: the ones at the ends may hold a neighbour's bytes.
+  const uintptr_t page = page_size();
   const uintptr_t kernel = c->kernel_base + device * c->device_memory + offset;
   const uintptr_t first = (kernel + page - 1) / page * page;
   const uintptr_t last = (kernel + size) / page * page;
   if (last > first) {
-    madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    release_pages(first, last - first);
   }
-  // Coalesce with the free neighbours.
-  auto next = heap.free.lower_bound(start);
-  if (next != heap.free.end() && next->first == start + size) {
-    size += next->second;
-    next = heap.free.erase(next);
+  release_range(heap, offset, size);
+  return orError::Success;
+}
+
+orError orIpcGetMemHandle(orIpcMemHandle* handle, const void* ptr) {
+  if (handle == nullptr) {
+    return orError::InvalidValue;
   }
-  if (next != heap.free.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      size += prev->second;
-      heap.free.erase(prev);
-    }
+  *handle = orIpcMemHandle{};
+  const detail::Config* c = detail::config();
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const int device = c == nullptr ? -1 : device_of(*c, addr);
+  if (device < 0) {
+    return orError::InvalidPointer;
   }
-  heap.free.emplace(start, size);
+  DeviceHeap& heap = heaps()[device];
+  const size_t offset = addr - c->device_base - device * c->device_memory;
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  auto it = heap.live.upper_bound(offset);
+  if (it == heap.live.begin()) {
+    return orError::InvalidPointer;
+  }
+  --it;
+  if (offset >= it->first + std::max<size_t>(it->second.size, 1)) {
+    return orError::InvalidPointer;
+  }
+  if (it->second.imported) {
+    // Received from another process: send on the handle it came with, so
+    // that the receiver maps the producer's memory (the sender's storage,
+    // kept alive while the receiver holds it, keeps its own mapping and so
+    // the producer's reference).
+    *handle = it->second.source;
+    return orError::Success;
+  }
+  if (memory_file < 0) {
+    return orError::InvalidValue;
+  }
+  const uintptr_t page = page_size();
+  const uintptr_t kernel = c->kernel_base + device * c->device_memory + it->first;
+  const uintptr_t first = kernel / page * page;
+  const uintptr_t last = (kernel + it->second.rounded + page - 1) / page * page;
+  handle->fd = memory_file;
+  handle->device = device;
+  handle->offset = first - kernel_view_base;
+  handle->size = last - first;
+  handle->base = kernel - first;
+  handle->process = static_cast<uint64_t>(getpid());
+  handle->memory = memory_identity;
+  return orError::Success;
+}
+
+orError orIpcOpenMemHandle(void** ptr, const orIpcMemHandle& handle) {
+  if (ptr == nullptr) {
+    return orError::InvalidValue;
+  }
+  *ptr = nullptr;
+  if (orError status = detail::check_device(handle.device); status != orError::Success) {
+    return status;
+  }
+  const size_t page = page_size();
+  struct stat file{};
+  if (handle.fd < 0 || handle.size == 0 || handle.offset % page != 0 || handle.size % page != 0 ||
+      handle.base >= handle.size || fstat(handle.fd, &file) != 0 ||
+      static_cast<uint64_t>(file.st_size) < handle.offset + handle.size) {
+    return orError::InvalidHandle;
+  }
+  const detail::Config& c = *detail::config();
+  if (handle.size > c.device_memory) {
+    return orError::MemoryAllocation;
+  }
+  DeviceHeap& heap = heaps()[handle.device];
+  const uintptr_t region = c.kernel_base + handle.device * c.device_memory;
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  size_t range = 0;
+  if (!reserve_pages(heap, region, handle.size, &range)) {
+    return orError::MemoryAllocation;
+  }
+  orIpcMemHandle source = handle;
+  source.fd = keep_imported_file(handle.fd, file);
+  if (source.fd < 0) {
+    release_range(heap, range, handle.size);
+    return orError::InvalidHandle;
+  }
+  void* mapped = mmap(reinterpret_cast<void*>(region + range), handle.size, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_FIXED | MAP_NORESERVE, handle.fd, static_cast<off_t>(handle.offset));
+  if (mapped == MAP_FAILED) {
+    map_own_memory(region + range, handle.size); // MAP_FIXED may have unmapped it
+    release_range(heap, range, handle.size);
+    drop_imported_file(source.fd);
+    return orError::InvalidHandle;
+  }
+  madvise(mapped, handle.size, MADV_DONTFORK);
+  const size_t start = range + handle.base;
+  const size_t bytes = handle.size - handle.base;
+  heap.live.emplace(start, DeviceHeap::Live{bytes, bytes, true, range, handle.size, source});
+  heap.used += handle.size;
+  *ptr = reinterpret_cast<void*>(c.device_base + handle.device * c.device_memory + start);
+  return orError::Success;
+}
+
+orError orIpcCloseMemHandle(void* ptr) {
+  const detail::Config* c = detail::config();
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const int device = c == nullptr ? -1 : device_of(*c, addr);
+  if (device < 0) {
+    return orError::InvalidPointer;
+  }
+  // As orFree: queued kernels may still use the memory.
+  detail::wait_device_streams(device);
+  DeviceHeap& heap = heaps()[device];
+  const size_t offset = addr - c->device_base - device * c->device_memory;
+  std::lock_guard<std::mutex> lock(heap.mutex);
+  auto live = heap.live.find(offset);
+  if (live == heap.live.end() || !live->second.imported) {
+    return orError::InvalidPointer;
+  }
+  const size_t range = live->second.range;
+  const size_t size = live->second.range_size;
+  drop_imported_file(live->second.source.fd);
+  heap.live.erase(live);
+  heap.used -= size;
+  // This process's own pages go back under the range, empty.
+  const uintptr_t kernel = c->kernel_base + device * c->device_memory + range;
+  release_pages(kernel, size);
+  if (!map_own_memory(kernel, size)) {
+    return orError::MemoryAllocation; // the range stays reserved: it maps nothing usable
+  }
+  release_range(heap, range, size);
   return orError::Success;
 }
 

@@ -251,6 +251,13 @@ __all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all
 
 diagnostics._apply_environment()
 
+# torch.multiprocessing shares openreg tensors as CUDA IPC shares CUDA ones (ipc.py).
+from torch_openreg.openreg import ipc  # noqa: E402
+from torch_openreg.openreg.ipc import ipc_collect  # noqa: E402,F401
+
+ipc.register()
+__all__ += ["ipc_collect"]
+
 if torch.distributed.is_available():
     # init_process_group() picks openreg_gloo for openreg tensors (docs/distributed.md).
     from torch_openreg.openreg import distributed  # noqa: E402
