@@ -213,7 +213,7 @@ class DeviceCache {
     }
     block->allocated = true;
     block->requested = requested;
-    block->oversize = size >= allocator_config().max_split_size;
+    block->oversize = !pool.small && size >= allocator_config().max_split_size; // max_split_size >= 20 MiB
     if (block->oversize) {
       stats_.oversize_allocations.increase(1);
     }
@@ -856,11 +856,13 @@ c10::StreamId allocation_stream(c10::DeviceIndex device) {
 
 // The private pools this thread allocates to, per device, the innermost
 // use_mem_pool last; allocations go to the last (none: the default pools).
+// The innermost is also kept in a plain array, read on every allocation
+// without the vectors' thread-local initialisation.
 thread_local std::array<std::vector<uint64_t>, kMaxDevices> allocating_to;
+thread_local std::array<uint64_t, kMaxDevices> allocating_pool_of{};
 
 uint64_t allocating_pool(c10::DeviceIndex device) {
-  const std::vector<uint64_t>& pools = allocating_to[device];
-  return pools.empty() ? 0 : pools.back();
+  return allocating_pool_of[device];
 }
 
 class OpenRegAllocator final : public c10::DeviceAllocator {
@@ -1027,6 +1029,7 @@ uint64_t create_mempool(c10::DeviceIndex device) {
 void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {
   allocator_instance().cache(device).use_mempool(mempool);
   allocating_to[device].push_back(mempool);
+  allocating_pool_of[device] = mempool;
 }
 
 void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {
@@ -1037,6 +1040,7 @@ void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {
       it != pools.rend(), "end_allocate_to_pool: this thread does not allocate to memory pool (0, ", mempool,
       ") of openreg:", static_cast<int>(device));
   pools.erase(std::next(it).base());
+  allocating_pool_of[device] = pools.empty() ? 0 : pools.back();
   cache.release_mempool(mempool);
 }
 

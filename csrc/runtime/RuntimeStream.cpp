@@ -738,6 +738,9 @@ Utilization& utilization() {
   return *u;
 }
 
+// Whether orDeviceGetUtilization has started sampling (orMarkKernel marks nothing before).
+std::atomic<bool> sampling{false};
+
 // The device each thread that ran a kernel itself runs one of now (-1: none).
 struct MarkedThreads {
   std::mutex mutex;
@@ -811,6 +814,11 @@ unsigned percent(size_t part, size_t whole) {
 } // namespace
 
 void orMarkKernel(int device) noexcept {
+  // Nothing to do (a load) until orDeviceGetUtilization first runs; then the
+  // thread's slot (registered at its first mark) takes a store.
+  if (!sampling.load(std::memory_order_relaxed)) {
+    return;
+  }
   thread_local MarkSlot slot;
   slot.device.store(device, std::memory_order_relaxed);
 }
@@ -827,6 +835,7 @@ orError orDeviceGetUtilization(int device, unsigned* kernel_percent, unsigned* m
     int count = 0;
     (void)orGetDeviceCount(&count);
     std::thread([count] { sample_forever(count); }).detach();
+    sampling.store(true, std::memory_order_relaxed);
   });
   Utilization& u = utilization();
   std::lock_guard<std::mutex> lock(u.mutex);
