@@ -478,20 +478,42 @@ orError orMalloc(void** ptr, size_t size) {
   return orError::MemoryAllocation;
 }
 
-orError orFree(void* ptr) {
-  if (ptr == nullptr) {
-    return orError::Success;
-  }
+namespace {
+// Where device address `ptr` lies, for a call that gives its memory back.
+struct DeviceRange {
+  const detail::Config* config;
+  int device;
+  size_t offset; // in the device's heap
+};
+
+// The range of `ptr` (false if it is no device address), once every stream of
+// its device has finished: as cudaFree, queued kernels and copies may still
+// read or write the memory.
+bool device_range_to_release(const void* ptr, DeviceRange* out) {
   const detail::Config* c = detail::config();
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
   const int device = c == nullptr ? -1 : device_of(*c, addr);
   if (device < 0) {
+    return false;
+  }
+  detail::wait_device_streams(device);
+  *out = DeviceRange{c, device, addr - c->device_base - device * c->device_memory};
+  return true;
+}
+} // namespace
+
+orError orFree(void* ptr) {
+  if (ptr == nullptr) {
+    return orError::Success;
+  }
+  DeviceRange where{};
+  if (!device_range_to_release(ptr, &where)) {
     return orError::InvalidPointer;
   }
-  // As cudaFree: queued copies may still read or write the memory.
-  detail::wait_device_streams(device);
+  const detail::Config* c = where.config;
+  const int device = where.device;
+  const size_t offset = where.offset;
   DeviceHeap& heap = heaps()[device];
-  const size_t offset = addr - c->device_base - device * c->device_memory;
   std::lock_guard<std::mutex> lock(heap.mutex);
   auto live = heap.live.find(offset);
   if (live == heap.live.end() || live->second.imported) {
@@ -610,17 +632,15 @@ orError orIpcOpenMemHandle(void** ptr, const orIpcMemHandle& handle) {
 }
 
 orError orIpcCloseMemHandle(void* ptr) {
-  const detail::Config* c = detail::config();
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  const int device = c == nullptr ? -1 : device_of(*c, addr);
-  if (device < 0) {
+  DeviceRange where{};
+  if (!device_range_to_release(ptr, &where)) {
     return orError::InvalidPointer;
   }
-  // As orFree: queued kernels may still use the memory.
-  detail::wait_device_streams(device);
+  const detail::Config* c = where.config;
+  const int device = where.device;
   DeviceHeap& heap = heaps()[device];
-  const size_t offset = addr - c->device_base - device * c->device_memory;
   std::lock_guard<std::mutex> lock(heap.mutex);
+  const size_t offset = where.offset;
   auto live = heap.live.find(offset);
   if (live == heap.live.end() || !live->second.imported) {
     return orError::InvalidPointer;
