@@ -111,6 +111,21 @@ def test_blocks_alive_when_the_pool_goes_are_given_back_once_freed():
     assert torch.openreg.memory_reserved(1) == baseline
 
 
+def test_releasing_a_pool_leaves_the_default_pools_cache():
+    torch.openreg.synchronize(1)
+    torch.openreg.empty_cache()
+    cached = torch.empty(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    del cached  # 30 MiB cached in the default pool
+    reserved = torch.openreg.memory_reserved(1)
+    with torch.openreg.device(1):
+        pool = torch.openreg.MemPool()
+        with torch.openreg.use_mem_pool(pool):
+            t = torch.empty(1000, device="openreg:1")
+    del t, pool
+    gc.collect()
+    assert torch.openreg.memory_reserved(1) == reserved  # the pool's segment went, the default cache stayed
+
+
 def test_bad_uses_raise_clear_errors():
     for kwargs in ({"allocator": object()}, {"use_on_oom": True}, {"no_split": True}):
         with pytest.raises(NotImplementedError, match=r"torch.openreg.MemPool\(\w+=...\) is not supported"):

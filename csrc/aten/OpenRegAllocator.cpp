@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -384,7 +385,7 @@ class DeviceCache {
     }
     mempool_uses_.erase(it);
     synchronize_events();
-    release_cached();
+    release_cached(mempool);
   }
 
   int mempool_use_count(uint64_t mempool) {
@@ -712,12 +713,15 @@ class DeviceCache {
     }
   }
 
-  void release_cached() {
+  // Every releasable cached segment, or only those of the released private
+  // pool `only` (the default pools' cache stays when a private pool goes).
+  void release_cached(std::optional<uint64_t> only = std::nullopt) {
     return_recent();
     for (Pool* pool : {&small_, &large_}) {
       for (auto it = pool->free.begin(); it != pool->free.end();) {
         Block* block = *it;
-        if (!block->whole_segment() || mempool_uses_.count(block->mempool) > 0) {
+        if (!block->whole_segment() || mempool_uses_.count(block->mempool) > 0 ||
+            (only.has_value() && block->mempool != *only)) {
           ++it; // a live private pool keeps its segments
           continue;
         }
