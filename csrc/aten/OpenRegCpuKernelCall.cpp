@@ -227,8 +227,11 @@ void CpuKernelCall::begin() {
   if (peek_current_device() != device_->index()) {
     guard_.emplace(*device_);
   }
-  if (C10_UNLIKELY(sync_debug_mode() != 0) && waits_for_values(op_name())) {
-    check_sync_debug(op_name().c_str());
+  if (C10_UNLIKELY(sync_debug_mode() != 0)) {
+    const std::string name = op_name();
+    if (waits_for_values(name)) {
+      check_sync_debug(name.c_str());
+    }
   }
   join_current_stream(device_->index());
   orMarkKernel(device_->index()); // the CPU kernel runs here now, for utilization sampling
