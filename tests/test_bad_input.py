@@ -347,3 +347,19 @@ def test_blocked_operator_raises_and_the_device_keeps_working(recovers, op):
                        r"can be pinned; call \.cpu\(\) first"):
         op(t)
     assert t.sum().item() == 1024
+
+
+# -- named tensors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["empty", "zeros", "ones"])
+def test_names_argument_is_refused_as_on_cpu(recovers, factory):
+    # torch 2.13 has no named tensors (no names= argument, no Tensor.refine_names):
+    # openreg answers exactly as CPU does.
+    with pytest.raises(TypeError) as on_cpu:
+        getattr(torch, factory)((2, 3), names=("N", "C"))
+    with pytest.raises(TypeError) as on_openreg:
+        getattr(torch, factory)((2, 3), names=("N", "C"), device=DEV)
+    assert str(on_openreg.value) == str(on_cpu.value)
+    assert "names" in str(on_cpu.value)
+    assert not hasattr(torch.Tensor, "refine_names") and not hasattr(torch.Tensor, "names")
