@@ -10,6 +10,7 @@
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/dynamo/cpython_includes.h>
+#include <torch/csrc/jit/serialization/pickler_helper.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_numbers.h>
@@ -38,6 +39,7 @@
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegRoutes.h"
 #include "aten/OpenRegStream.h"
+#include "aten/OpenRegTensorFormat.h"
 #include "aten/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
 #include "runtime/OpenRegRuntime.h"
@@ -666,4 +668,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_ipc_release_send", &openreg::ipc::release_send);
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
+
+  // The format tag (docs/tensor_metadata.md): torch.save / torch.load and
+  // torch._utils.get/set_tensor_metadata reach it through this registry.
+  torch::jit::TensorBackendMetaRegistry(
+      c10::DeviceType::PrivateUse1, &openreg::serialize_tensor_format, &openreg::deserialize_tensor_format);
+  m.def("_tensor_format", &openreg::tensor_format);
+  m.def("_set_tensor_format", &openreg::set_tensor_format);
 }

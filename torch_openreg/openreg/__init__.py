@@ -239,15 +239,16 @@ def is_tf32_supported() -> bool:
 
 
 # Imported last: they use the device functions above.
-from torch_openreg.openreg import amp, diagnostics, memory, random, sanitizer, streams  # noqa: E402
+from torch_openreg.openreg import amp, diagnostics, memory, random, sanitizer, streams, formats  # noqa: E402
 from torch_openreg.openreg.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: E402,F401
 from torch_openreg.openreg.diagnostics import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.memory import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.random import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.streams import *  # noqa: E402,F401,F403
+from torch_openreg.openreg.formats import *  # noqa: E402,F401,F403
 
 __all__ += ["amp", "get_amp_supported_dtype", "is_bf16_supported", "sanitizer"]
-__all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all__
+__all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all__ + formats.__all__
 
 diagnostics._apply_environment()
 

@@ -1,4 +1,5 @@
-"""What fake tensors must know about openreg: the strides of its convolutions.
+"""What fake tensors must know about openreg: the strides of its convolutions, and the
+tensors' backend metadata (torch_openreg/openreg/formats.py).
 
 torch.compile, torch.export and AOTAutograd trace a program on fake tensors, and
 every later step trusts the strides those predict: Inductor's generated wrapper
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 from torch._subclasses import fake_impls
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
@@ -65,9 +66,27 @@ def _predicted_as_on_cpu(torch_conv: Any) -> Any:
     return conv
 
 
+def _keeping_backend_metadata(from_real_tensor: Any) -> Any:
+    def convert(self: FakeTensorConverter, fake_mode: FakeTensorMode, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        fake = from_real_tensor(self, fake_mode, t, *args, **kwargs)
+        if t.device.type == "openreg":
+            metadata = torch._C._get_tensor_metadata(t)
+            if metadata:
+                torch._C._set_tensor_metadata(fake, metadata)
+        return fake
+
+    convert._openreg = True  # type: ignore[attr-defined]
+    return convert
+
+
 def register() -> None:
-    """Makes the fake convolution predict openreg's output strides as CPU's."""
+    """Makes the fake convolution predict openreg's output strides as CPU's, and fake
+    tensors of openreg tensors carry their backend metadata (the format tag)."""
     for op in _CONV_OPS:
         torch_conv = fake_impls.op_implementations_dict[op]
         if not getattr(torch_conv, "_openreg", False):
             fake_impls.op_implementations_dict[op] = _predicted_as_on_cpu(torch_conv)
+    # meta_utils makes a fake tensor from sizes, strides and storage only;
+    # c10::BackendMeta is not among what it copies.
+    if not getattr(FakeTensorConverter.from_real_tensor, "_openreg", False):
+        FakeTensorConverter.from_real_tensor = _keeping_backend_metadata(FakeTensorConverter.from_real_tensor)

@@ -18,6 +18,7 @@
 #include "aten/OpenRegHostAllocator.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegStream.h"
+#include "aten/OpenRegTensorFormat.h"
 
 namespace openreg::native {
 namespace {
@@ -164,6 +165,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   at::assert_no_internal_overlap(dst);
   at::assert_no_partial_overlap(dst, self);
+  copy_tensor_format(self, dst);
   if (dst.numel() == 0) {
     return dst;
   }

@@ -1,10 +1,12 @@
-// Allocation kernels: empty.memory_format, empty_strided.
+// Allocation kernels: empty.memory_format, empty_strided, new_empty.
 // The generated wrapper has already set the device guard from `device`, so the
 // allocator allocates on the requested openreg device.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/new_empty_native.h>
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegAllocator.h"
+#include "aten/OpenRegTensorFormat.h"
 
 namespace openreg::native {
 namespace {
@@ -43,6 +45,21 @@ at::Tensor empty_strided(
   check_factory_options(layout, pin_memory);
   return at::detail::empty_strided_generic(
       size, stride, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype));
+}
+
+// torch's new_empty (CompositeExplicitAutograd) plus the format tag of `self`:
+// Tensor.__deepcopy__ rebuilds a tensor as self.new_empty([]).set_(copied
+// storage), so this is how a deep copy keeps the tag (docs/tensor_metadata.md).
+at::Tensor new_empty(
+    const at::Tensor& self,
+    at::IntArrayRef size,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Layout> layout,
+    std::optional<at::Device> device,
+    std::optional<bool> pin_memory) {
+  at::Tensor result = at::native::new_empty_symint(self, c10::fromIntArrayRefSlow(size), dtype, layout, device, pin_memory);
+  copy_tensor_format(self, result);
+  return result;
 }
 
 } // namespace openreg::native
