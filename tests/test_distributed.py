@@ -286,6 +286,25 @@ def async_work_results_are_visible_to_kernels_after_wait(r: Rank):
 
 
 @on_every_rank
+def async_collective_returns_before_its_peer_joins_and_overlaps_compute(r: Rank):
+    # Rank 1 enters the all_reduce only once rank 0 says, through the store, that
+    # its own async call has returned and its compute has run: a call that waited
+    # for its peers would leave rank 1 waiting on the store until the timeout.
+    store = dist.distributed_c10d._get_default_store()
+    t = per_rank(r, 1000).to(r.device)
+    if r.rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        computed = (torch.ones(256, 256, device=r.device) @ torch.ones(256, 256, device=r.device)).sum().item()
+        store.set("rank 0 computed during its all_reduce", str(computed))
+        work.wait()
+    else:
+        store.wait(["rank 0 computed during its all_reduce"], datetime.timedelta(seconds=60))
+        dist.all_reduce(t)
+    assert store.get("rank 0 computed during its all_reduce") == str(256.0**3).encode()
+    assert_same(t, sum(every_ranks(1000)), r.device)
+
+
+@on_every_rank
 def collectives_wait_for_work_queued_on_the_current_stream(r: Rank):
     # The copy runs on the stream's worker after 200 ms; gloo must read its result.
     src = per_rank(r, 64).to(r.device)
