@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 examples/fsdp_tp_train.py --mesh 1x2
     torchrun --standalone --nproc-per-node 2 examples/fsdp_tp_train.py --mesh 2x1
+    OPENREG_DEVICE_COUNT=4 torchrun --standalone --nproc-per-node 4 examples/fsdp_tp_train.py --mesh 2x2
 
 The processes form a 2-D device mesh ("dp", "tp"): within a "tp" row each attention and
 MLP layer is split over the ranks (``parallelize_module``: query/key/value and the MLP's

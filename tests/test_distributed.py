@@ -19,6 +19,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -925,12 +926,15 @@ def one_process_fsdp_tp_losses(steps: int) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("mesh", ["1x2", "2x1"])  # ("dp", "tp"): tensor parallel only, FSDP only
+# ("dp", "tp"): tensor parallel only, FSDP only, both on four ranks (four devices each).
+@pytest.mark.parametrize("mesh", ["1x2", "2x1", "2x2"])
 def test_fsdp_tp_example_learns_as_one_process_on_the_whole_batch(tmp_path, mesh):
     steps = 10
     path = tmp_path / "losses.json"
+    ranks = math.prod(int(n) for n in mesh.split("x"))
     result = launch(
-        [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+        [["env", f"OPENREG_DEVICE_COUNT={max(ranks, 2)}", sys.executable, "-m", "torch.distributed.run",
+          "--standalone", "--nproc-per-node", str(ranks),
           "examples/fsdp_tp_train.py", "--mesh", mesh, "--steps", str(steps), "--losses", str(path)]],
         tmp_path,
     )
