@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+import torch_openreg
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -459,3 +461,92 @@ def test_host_memory_stats_follow_pinned_allocations_with_torch_cuda_s_keys():
         print("ok")
     """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
+
+
+# -- caching off (caching_allocator_enable / caching_allocator_disabled) ---------------------
+
+
+def device_used(device=0):
+    free, total = torch.openreg.mem_get_info(device)
+    return total - free
+
+
+def test_with_caching_disabled_memory_goes_back_when_the_tensor_goes():
+    gc.collect()
+    torch.openreg.empty_cache()
+    reserved, used = torch.openreg.memory_reserved(), device_used()
+    with torch.openreg.caching_allocator_disabled():
+        x = torch.arange(3 * MiB, dtype=torch.float32, device="openreg")
+        assert device_used() >= used + 12 * MiB
+        assert torch.openreg.memory_reserved() == reserved  # not the cache's, as in CUDA
+        assert torch.equal((x[:5] * 2).cpu(), torch.arange(5.0) * 2)
+        del x
+        assert device_used() == used
+    y = torch.empty(3 * MiB, dtype=torch.float32, device="openreg")  # cached again
+    assert torch.openreg.memory_reserved() > reserved
+    del y
+
+
+def test_caching_disabled_context_restores_the_previous_setting():
+    assert torch_openreg._C._caching_allocator_is_enabled()
+    torch.openreg.caching_allocator_enable(False)
+    try:
+        with torch.openreg.caching_allocator_disabled():
+            assert not torch_openreg._C._caching_allocator_is_enabled()
+        assert not torch_openreg._C._caching_allocator_is_enabled()
+    finally:
+        torch.openreg.caching_allocator_enable(True)
+    with torch.openreg.caching_allocator_disabled():
+        pass
+    assert torch_openreg._C._caching_allocator_is_enabled()
+
+
+def test_free_with_caching_disabled_waits_for_the_kernels_using_the_memory():
+    gc.collect()
+    torch.openreg.empty_cache()
+    used = device_used()
+    s = torch.openreg.Stream()
+    with torch.openreg.caching_allocator_disabled():
+        src = torch.arange(MiB, dtype=torch.float32, device="openreg")
+        with torch.openreg.stream(s):
+            s.wait_stream(torch.openreg.current_stream())
+            torch.openreg._sleep(200)
+            out = src * 2  # queued behind the sleep, reads src
+        src.record_stream(s)
+        del src  # orFree waits for s: out is computed from src, not from freed pages
+        assert torch.equal(out.cpu(), torch.arange(MiB, dtype=torch.float32) * 2)
+        del out
+    assert device_used() == used
+
+
+def test_queued_work_with_caching_disabled_leaves_no_device_memory_behind():
+    gc.collect()
+    torch.openreg.empty_cache()
+    used = device_used()
+    a = torch.randn(256, 512)
+    with torch.openreg.caching_allocator_disabled():
+        x = a.to("openreg")
+        s = torch.openreg.Stream()
+        with torch.openreg.stream(s):
+            s.wait_stream(torch.openreg.current_stream())
+            torch.openreg._sleep(100)
+            results = [torch.sort(x, dim=0).values, x.cumsum(0, dtype=torch.float64), x @ x.T, x.to(torch.bfloat16)]
+        s.synchronize()
+        expected = [torch.sort(a, dim=0).values, a.cumsum(0, dtype=torch.float64), a @ a.T, a.to(torch.bfloat16)]
+        for got, want in zip(results, expected):
+            torch.testing.assert_close(got.cpu(), want)
+        x.record_stream(s)
+        del x, results, got
+    torch.openreg.empty_cache()  # also frees what a worker freed with caching off
+    assert device_used() == used
+
+
+def test_environment_variable_starts_the_process_with_caching_off():
+    code = (
+        "import torch, torch_openreg; x = torch.ones(1 << 20, device='openreg'); "
+        "print(torch_openreg._C._caching_allocator_is_enabled(), torch.openreg.memory_reserved())"
+    )
+    env = dict(os.environ, PYTORCH_NO_OPENREG_MEMORY_CACHING="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "0"]

@@ -46,6 +46,7 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/util/env.h>
 
 #include "OpenRegDevice.h"
 #include "OpenRegException.h"
@@ -869,12 +870,17 @@ uint64_t allocating_pool(c10::DeviceIndex device) {
   return allocating_pool_of[device];
 }
 
+class OpenRegAllocator;
+OpenRegAllocator& allocator_instance();
+
 class OpenRegAllocator final : public c10::DeviceAllocator {
  public:
   OpenRegAllocator() {
     for (c10::DeviceIndex i = 0; i < kMaxDevices; ++i) {
       caches_[i] = std::make_unique<DeviceCache>(i);
     }
+    // As PYTORCH_NO_CUDA_MEMORY_CACHING for CUDA's allocator.
+    caching_enabled_.store(c10::utils::check_env("PYTORCH_NO_OPENREG_MEMORY_CACHING") != true);
   }
 
   c10::DataPtr allocate(size_t nbytes) override {
@@ -885,6 +891,9 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     const c10::Device where(c10::DeviceType::PrivateUse1, device);
     if (nbytes == 0) {
       return {nullptr, nullptr, &delete_block, where};
+    }
+    if (C10_UNLIKELY(!caching_enabled_.load(std::memory_order_relaxed))) {
+      return allocate_uncached(device, nbytes);
     }
     Block* block = caches_[device]->allocate(nbytes, allocation_stream(device), allocating_pool(device));
     // Outside the cache's lock, as CUDACachingAllocator's malloc reports it:
@@ -906,6 +915,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
   }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    release_deferred_frees();
     for (c10::DeviceIndex i = 0; i < device_count(); ++i) {
       caches_[i]->empty_cache();
     }
@@ -984,8 +994,90 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     caches_[block->device]->free(block);
   }
 
+  // The caching allocator off (caching_allocator_enable(False),
+  // PYTORCH_NO_OPENREG_MEMORY_CACHING=1), as CUDA's uncached mode: each
+  // allocation is a runtime allocation of its own and each free an orFree,
+  // which waits for the device's streams as cudaFree does: memory goes back
+  // as soon as its tensor goes, and an address kept past the tensor's life
+  // points to freed (zeroed) pages instead of a reused block. Blocks
+  // allocated while caching was on stay in the cache.
+  // Uncached memory is not in the cache's statistics, as in CUDA.
+  void set_caching_enabled(bool enabled) {
+    caching_enabled_.store(enabled, std::memory_order_relaxed);
+  }
+
+  bool caching_enabled() const {
+    return caching_enabled_.load(std::memory_order_relaxed);
+  }
+
  private:
   static void delete_block(void* ctx);
+
+  c10::DataPtr allocate_uncached(c10::DeviceIndex device, size_t nbytes) {
+    release_deferred_frees();
+    const c10::Device where(c10::DeviceType::PrivateUse1, device);
+    const c10::DeviceGuard guard(where);
+    void* ptr = nullptr;
+    orError status = orMalloc(&ptr, nbytes);
+    if (status == orError::MemoryAllocation && !orInsideKernel()) {
+      caches_[device]->empty_cache(); // what the cache kept from before caching was turned off
+      status = orMalloc(&ptr, nbytes);
+    }
+    if (status == orError::MemoryAllocation) {
+      size_t free = 0;
+      size_t total = 0;
+      OPENREG_CHECK(orMemGetInfo(&free, &total));
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(nbytes),
+          " with the caching allocator disabled (caching_allocator_enable(False) or "
+          "PYTORCH_NO_OPENREG_MEMORY_CACHING=1). openreg:", static_cast<int>(device), " has a total capacity of ",
+          format_bytes(total), " of which ", format_bytes(free),
+          " is free. Free tensors you no longer need, or set OPENREG_DEVICE_MEMORY (e.g. "
+          "OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger device.");
+    }
+    OPENREG_CHECK(status);
+    gpu_trace::memory_allocation(ptr);
+    return {ptr, ptr, &delete_uncached, where};
+  }
+
+  static void delete_uncached(void* ptr) {
+    gpu_trace::memory_deallocation(ptr);
+    OpenRegAllocator& self = allocator_instance();
+    if (orInsideKernel()) {
+      // orFree waits for the device's streams, this worker's own among them:
+      // the next uncached allocation or free of a host thread frees it.
+      const std::lock_guard<std::mutex> lock(self.deferred_mutex_);
+      self.deferred_frees_.push_back(ptr);
+      return;
+    }
+    self.release_deferred_frees();
+    free_uncached(ptr);
+  }
+
+  static void free_uncached(void* ptr) {
+    const orError status = orFree(ptr);
+    if (status != orError::Success) {
+      TORCH_WARN("openreg: freeing uncached device memory ", ptr, " failed: ", orGetErrorString(status));
+    }
+  }
+
+  void release_deferred_frees() {
+    std::vector<void*> frees;
+    {
+      const std::lock_guard<std::mutex> lock(deferred_mutex_);
+      if (deferred_frees_.empty() || orInsideKernel()) {
+        return;
+      }
+      frees.swap(deferred_frees_);
+    }
+    for (void* ptr : frees) {
+      free_uncached(ptr);
+    }
+  }
+
+  std::atomic<bool> caching_enabled_{true};
+  std::mutex deferred_mutex_;
+  std::vector<void*> deferred_frees_; // freed by a stream's worker while caching was off
 
   std::array<std::unique_ptr<DeviceCache>, kMaxDevices> caches_;
 };
@@ -1071,6 +1163,14 @@ MemorySnapshot memory_snapshot() {
 
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
   return allocator_instance().allocate_on(device, nbytes);
+}
+
+void set_caching_allocator_enabled(bool enabled) {
+  allocator_instance().set_caching_enabled(enabled);
+}
+
+bool caching_allocator_enabled() {
+  return allocator_instance().caching_enabled();
 }
 
 namespace {

@@ -19,6 +19,12 @@ c10::DeviceAllocator* device_allocator();
 // instead of the current device, without switching devices.
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
 
+// torch.openreg.caching_allocator_enable, as CUDA's allocator enable(): off,
+// each allocation is a runtime allocation of its own and each free returns it
+// (OpenRegAllocator.cpp). PYTORCH_NO_OPENREG_MEMORY_CACHING=1 starts it off.
+void set_caching_allocator_enabled(bool enabled);
+bool caching_allocator_enabled();
+
 // Grows or shrinks a device storage to `new_nbytes`, keeping its contents (as
 // resize_bytes_cpu does for CPU, but moving bytes with the runtime's memcpy).
 void resize_storage_bytes(c10::StorageImpl* storage, size_t new_nbytes);

@@ -673,6 +673,8 @@ PYBIND11_MODULE(_C, m) {
   // torch._utils.get/set_tensor_metadata reach it through this registry.
   torch::jit::TensorBackendMetaRegistry(
       c10::DeviceType::PrivateUse1, &openreg::serialize_tensor_format, &openreg::deserialize_tensor_format);
+  m.def("_caching_allocator_enable", &openreg::set_caching_allocator_enabled);
+  m.def("_caching_allocator_is_enabled", &openreg::caching_allocator_enabled);
   m.def("_tensor_format", &openreg::tensor_format);
   m.def("_set_tensor_format", &openreg::set_tensor_format);
 }

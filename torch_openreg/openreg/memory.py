@@ -25,6 +25,8 @@ __all__ = [
     "MemPool",
     "caching_allocator_alloc",
     "caching_allocator_delete",
+    "caching_allocator_disabled",
+    "caching_allocator_enable",
     "device_memory_used",
     "empty_cache",
     "get_allocator_backend",
@@ -336,6 +338,31 @@ def caching_allocator_delete(mem_ptr: int) -> None:
     """Gives back memory that caching_allocator_alloc returned, as
     torch.cuda.caching_allocator_delete; an address it did not return raises ValueError."""
     _C._caching_allocator_delete(mem_ptr)
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Turns openreg's caching allocator on or off, as torch.cuda.caching_allocator_enable.
+
+    Off, each allocation is a device allocation of its own and each free gives it
+    back at once, after the work queued on the device (as cudaFree): no cached
+    block hides a leak, and an address kept past its tensor's life points to freed
+    pages rather than to a block handed to another tensor. Off is slow; it is for
+    finding such bugs. Its memory is not in memory_stats (as CUDA's). Blocks allocated while
+    caching was on stay cached. ``PYTORCH_NO_OPENREG_MEMORY_CACHING=1`` starts a
+    process with caching off. Unlike torch.cuda's, it takes effect also before the
+    device is initialised."""
+    _C._caching_allocator_enable(bool(value))
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled():
+    """The caching allocator off inside the block, as torch.cuda.caching_allocator_disabled."""
+    previous = _C._caching_allocator_is_enabled()
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(previous)
 
 
 def device_memory_used(device: Any = None) -> int:
