@@ -881,6 +881,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     }
     // As PYTORCH_NO_CUDA_MEMORY_CACHING for CUDA's allocator.
     caching_enabled_.store(c10::utils::check_env("PYTORCH_NO_OPENREG_MEMORY_CACHING") != true);
+    update_bypass();
   }
 
   c10::DataPtr allocate(size_t nbytes) override {
@@ -892,8 +893,8 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return {nullptr, nullptr, &delete_block, where};
     }
-    if (C10_UNLIKELY(!caching_enabled_.load(std::memory_order_relaxed))) {
-      return allocate_uncached(device, nbytes);
+    if (C10_UNLIKELY(bypass_cache_.load(std::memory_order_relaxed))) {
+      return allocate_external(device, nbytes);
     }
     Block* block = caches_[device]->allocate(nbytes, allocation_stream(device), allocating_pool(device));
     // Outside the cache's lock, as CUDACachingAllocator's malloc reports it:
@@ -994,75 +995,155 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     caches_[block->device]->free(block);
   }
 
-  // The caching allocator off (caching_allocator_enable(False),
-  // PYTORCH_NO_OPENREG_MEMORY_CACHING=1), as CUDA's uncached mode: each
-  // allocation is a runtime allocation of its own and each free an orFree,
-  // which waits for the device's streams as cudaFree does: memory goes back
-  // as soon as its tensor goes, and an address kept past the tensor's life
-  // points to freed (zeroed) pages instead of a reused block. Blocks
-  // allocated while caching was on stay in the cache.
-  // Uncached memory is not in the cache's statistics, as in CUDA.
+  // Allocations outside the cache: each one a device allocation of its own,
+  // given back when its tensor goes. Two sources:
+  // - the caching allocator off (caching_allocator_enable(False),
+  //   PYTORCH_NO_OPENREG_MEMORY_CACHING=1), as CUDA's uncached mode: orMalloc
+  //   and orFree, which waits for the device's streams as cudaFree does, so
+  //   memory goes back as soon as its tensor goes and an address kept past the
+  //   tensor's life points to freed (zeroed) pages, not a reused block;
+  // - a pluggable allocator (change_current_allocator), as CUDA's
+  //   CUDAPluggableAllocator: a library's alloc and free functions.
+  // Blocks allocated by the cache before stay in the cache. Memory outside the
+  // cache is not in its statistics, as in CUDA.
   void set_caching_enabled(bool enabled) {
     caching_enabled_.store(enabled, std::memory_order_relaxed);
+    update_bypass();
   }
 
   bool caching_enabled() const {
     return caching_enabled_.load(std::memory_order_relaxed);
   }
 
+  void change_allocator(PluggableAllocator allocator) {
+    TORCH_CHECK_VALUE(
+        allocator.alloc != nullptr && allocator.free != nullptr,
+        "change_current_allocator: the allocator's alloc and free functions must not be null.");
+    const std::lock_guard<std::mutex> lock(deferred_mutex_);
+    bool used = external_allocations_.load() > 0;
+    for (c10::DeviceIndex i = 0; i < kMaxDevices && !used; ++i) {
+      used = caches_[i]->stats().num_device_alloc > 0;
+    }
+    TORCH_CHECK(
+        !used, "change_current_allocator: can't swap an already initialized allocator: openreg has allocated "
+        "device memory in this process. Change the allocator before the first openreg tensor is made.");
+    pluggable_ = std::make_unique<PluggableAllocator>(allocator);
+    pluggable_set_.store(true);
+    update_bypass();
+  }
+
+  bool has_pluggable_allocator() const {
+    return pluggable_set_.load();
+  }
+
  private:
   static void delete_block(void* ctx);
 
-  c10::DataPtr allocate_uncached(c10::DeviceIndex device, size_t nbytes) {
+  // One allocation outside the cache, the context of its DataPtr: what a
+  // pluggable allocator's free is told.
+  struct ExternalAllocation {
+    void* ptr;
+    size_t size;
+    c10::DeviceIndex device;
+    orStream_t stream;
+    const PluggableAllocator* via; // null: orMalloc
+  };
+
+  void update_bypass() {
+    bypass_cache_.store(!caching_enabled() || has_pluggable_allocator(), std::memory_order_relaxed);
+  }
+
+  c10::DataPtr allocate_external(c10::DeviceIndex device, size_t nbytes) {
     release_deferred_frees();
     const c10::Device where(c10::DeviceType::PrivateUse1, device);
     const c10::DeviceGuard guard(where);
+    const PluggableAllocator* via = has_pluggable_allocator() ? pluggable_.get() : nullptr;
+    const orStream_t stream = current_raw_stream(device);
     void* ptr = nullptr;
-    orError status = orMalloc(&ptr, nbytes);
-    if (status == orError::MemoryAllocation && !orInsideKernel()) {
-      caches_[device]->empty_cache(); // what the cache kept from before caching was turned off
-      status = orMalloc(&ptr, nbytes);
+    if (via != nullptr) {
+      ptr = via->alloc(static_cast<ssize_t>(nbytes), device, stream);
+      check_pluggable_allocation(*via, ptr, device, nbytes, stream);
+    } else {
+      orError status = orMalloc(&ptr, nbytes);
+      if (status == orError::MemoryAllocation && !orInsideKernel()) {
+        caches_[device]->empty_cache(); // what the cache kept from before caching was turned off
+        status = orMalloc(&ptr, nbytes);
+      }
+      if (status == orError::MemoryAllocation) {
+        raise_external_oom(device, nbytes, "the caching allocator disabled (caching_allocator_enable(False) or "
+                                           "PYTORCH_NO_OPENREG_MEMORY_CACHING=1)");
+      }
+      OPENREG_CHECK(status);
     }
-    if (status == orError::MemoryAllocation) {
-      size_t free = 0;
-      size_t total = 0;
-      OPENREG_CHECK(orMemGetInfo(&free, &total));
-      TORCH_CHECK_WITH(
-          OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(nbytes),
-          " with the caching allocator disabled (caching_allocator_enable(False) or "
-          "PYTORCH_NO_OPENREG_MEMORY_CACHING=1). openreg:", static_cast<int>(device), " has a total capacity of ",
-          format_bytes(total), " of which ", format_bytes(free),
-          " is free. Free tensors you no longer need, or set OPENREG_DEVICE_MEMORY (e.g. "
-          "OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger device.");
-    }
-    OPENREG_CHECK(status);
+    external_allocations_.fetch_add(1, std::memory_order_relaxed);
     gpu_trace::memory_allocation(ptr);
-    return {ptr, ptr, &delete_uncached, where};
+    auto* record = new ExternalAllocation{ptr, nbytes, device, stream, via};
+    return {ptr, record, &delete_external, where};
   }
 
-  static void delete_uncached(void* ptr) {
-    gpu_trace::memory_deallocation(ptr);
+  [[noreturn]] static void raise_external_oom(c10::DeviceIndex device, size_t nbytes, const char* how) {
+    size_t free = 0;
+    size_t total = 0;
+    OPENREG_CHECK(orMemGetInfo(&free, &total));
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(nbytes), " with ", how,
+        ". openreg:", static_cast<int>(device), " has a total capacity of ", format_bytes(total), " of which ",
+        format_bytes(free),
+        " is free. Free tensors you no longer need, or set OPENREG_DEVICE_MEMORY (e.g. "
+        "OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger device.");
+  }
+
+  // What a pluggable allocator returns must be device memory of the device
+  // asked for, at least as large as asked: kernels translate it to their view.
+  static void check_pluggable_allocation(
+      const PluggableAllocator& via,
+      void* ptr,
+      c10::DeviceIndex device,
+      size_t nbytes,
+      orStream_t stream) {
+    if (ptr == nullptr) {
+      raise_external_oom(device, nbytes, "the pluggable allocator (its alloc function returned null)");
+    }
+    orPointerAttributes attributes;
+    const bool device_memory = orPointerGetAttributes(&attributes, ptr) == orError::Success &&
+        attributes.is_device && attributes.device == device &&
+        static_cast<char*>(ptr) + nbytes <= static_cast<char*>(attributes.base) + attributes.size;
+    if (!device_memory) {
+      via.free(ptr, static_cast<ssize_t>(nbytes), device, stream);
+      TORCH_CHECK(
+          false, "openreg's pluggable allocator: alloc(", nbytes, ", ", static_cast<int>(device), ", stream) returned ",
+          ptr, ", which is not ", nbytes, " bytes of openreg:", static_cast<int>(device),
+          "'s memory. Its alloc function must return device memory of the device it is asked for (from "
+          "openreg::orMalloc, csrc/runtime/OpenRegRuntime.h).");
+    }
+  }
+
+  static void delete_external(void* ctx) {
+    auto* record = static_cast<ExternalAllocation*>(ctx);
+    gpu_trace::memory_deallocation(record->ptr);
     OpenRegAllocator& self = allocator_instance();
     if (orInsideKernel()) {
       // orFree waits for the device's streams, this worker's own among them:
-      // the next uncached allocation or free of a host thread frees it.
+      // the next allocation or free outside the cache on a host thread frees it.
       const std::lock_guard<std::mutex> lock(self.deferred_mutex_);
-      self.deferred_frees_.push_back(ptr);
+      self.deferred_frees_.push_back(record);
       return;
     }
     self.release_deferred_frees();
-    free_uncached(ptr);
+    free_external(record);
   }
 
-  static void free_uncached(void* ptr) {
-    const orError status = orFree(ptr);
-    if (status != orError::Success) {
-      TORCH_WARN("openreg: freeing uncached device memory ", ptr, " failed: ", orGetErrorString(status));
+  static void free_external(ExternalAllocation* record) {
+    if (record->via != nullptr) {
+      record->via->free(record->ptr, static_cast<ssize_t>(record->size), record->device, record->stream);
+    } else if (const orError status = orFree(record->ptr); status != orError::Success) {
+      TORCH_WARN("openreg: freeing uncached device memory ", record->ptr, " failed: ", orGetErrorString(status));
     }
+    delete record;
   }
 
   void release_deferred_frees() {
-    std::vector<void*> frees;
+    std::vector<ExternalAllocation*> frees;
     {
       const std::lock_guard<std::mutex> lock(deferred_mutex_);
       if (deferred_frees_.empty() || orInsideKernel()) {
@@ -1070,14 +1151,18 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
       }
       frees.swap(deferred_frees_);
     }
-    for (void* ptr : frees) {
-      free_uncached(ptr);
+    for (ExternalAllocation* record : frees) {
+      free_external(record);
     }
   }
 
+  std::atomic<bool> bypass_cache_{false}; // caching off or a pluggable allocator: one load per allocation
   std::atomic<bool> caching_enabled_{true};
+  std::atomic<bool> pluggable_set_{false};
+  std::unique_ptr<PluggableAllocator> pluggable_; // set once, before any allocation
+  std::atomic<uint64_t> external_allocations_{0};
   std::mutex deferred_mutex_;
-  std::vector<void*> deferred_frees_; // freed by a stream's worker while caching was off
+  std::vector<ExternalAllocation*> deferred_frees_; // freed by a stream's worker
 
   std::array<std::unique_ptr<DeviceCache>, kMaxDevices> caches_;
 };
@@ -1171,6 +1256,10 @@ void set_caching_allocator_enabled(bool enabled) {
 
 bool caching_allocator_enabled() {
   return allocator_instance().caching_enabled();
+}
+
+void change_current_allocator(PluggableAllocator allocator) {
+  allocator_instance().change_allocator(allocator);
 }
 
 namespace {

@@ -10,6 +10,9 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
+#include <sys/types.h>
+
+#include "runtime/OpenRegRuntime.h"
 
 namespace openreg {
 
@@ -24,6 +27,17 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
 // (OpenRegAllocator.cpp). PYTORCH_NO_OPENREG_MEMORY_CACHING=1 starts it off.
 void set_caching_allocator_enabled(bool enabled);
 bool caching_allocator_enabled();
+
+// torch.openreg.memory.change_current_allocator(OpenRegPluggableAllocator(...)),
+// as CUDA's CUDAPluggableAllocator: every later allocation comes from `alloc`
+// (device memory of `device`, e.g. from orMalloc) and goes back through
+// `free`, with the size, device and stream of its allocation. Only before the
+// first allocation of the process (else RuntimeError).
+struct PluggableAllocator {
+  void* (*alloc)(ssize_t size, int device, orStream_t stream);
+  void (*free)(void* ptr, ssize_t size, int device, orStream_t stream);
+};
+void change_current_allocator(PluggableAllocator allocator);
 
 // Grows or shrinks a device storage to `new_nbytes`, keeping its contents (as
 // resize_bytes_cpu does for CPU, but moving bytes with the runtime's memcpy).

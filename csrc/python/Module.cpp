@@ -675,6 +675,11 @@ PYBIND11_MODULE(_C, m) {
       c10::DeviceType::PrivateUse1, &openreg::serialize_tensor_format, &openreg::deserialize_tensor_format);
   m.def("_caching_allocator_enable", &openreg::set_caching_allocator_enabled);
   m.def("_caching_allocator_is_enabled", &openreg::caching_allocator_enabled);
+  m.def("_change_current_allocator", [](uintptr_t alloc, uintptr_t free) {
+    openreg::change_current_allocator(
+        {reinterpret_cast<void* (*)(ssize_t, int, openreg::orStream_t)>(alloc),
+         reinterpret_cast<void (*)(void*, ssize_t, int, openreg::orStream_t)>(free)});
+  });
   m.def("_tensor_format", &openreg::tensor_format);
   m.def("_set_tensor_format", &openreg::set_tensor_format);
 }

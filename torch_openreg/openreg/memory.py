@@ -9,6 +9,7 @@ raises ``torch.OutOfMemoryError``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import pickle
 import sys
 import types
@@ -23,10 +24,12 @@ from torch_openreg import _C
 
 __all__ = [
     "MemPool",
+    "OpenRegPluggableAllocator",
     "caching_allocator_alloc",
     "caching_allocator_delete",
     "caching_allocator_disabled",
     "caching_allocator_enable",
+    "change_current_allocator",
     "device_memory_used",
     "empty_cache",
     "get_allocator_backend",
@@ -313,9 +316,10 @@ def _get_allocator_settings() -> str:
 
 
 def get_allocator_backend() -> str:
-    """"native": openreg's caching allocator is the only backend (torch.cuda's
-    other one, cudaMallocAsync, is CUDA's driver allocator)."""
-    return "native"
+    """"native", openreg's caching allocator, or "pluggable" after
+    change_current_allocator (torch.cuda's other one, cudaMallocAsync, is CUDA's
+    driver allocator)."""
+    return "native" if _current_allocator is None else "pluggable"
 
 
 def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
@@ -363,6 +367,49 @@ def caching_allocator_disabled():
         yield
     finally:
         caching_allocator_enable(previous)
+
+
+class OpenRegPluggableAllocator:
+    """An openreg memory allocator loaded from a shared library, as
+    torch.cuda.memory.CUDAPluggableAllocator. The library's two functions (C
+    linkage) have the signatures::
+
+        void* alloc(ssize_t size, int device, openreg::orStream_t stream);
+        void free(void* ptr, ssize_t size, int device, openreg::orStream_t stream);
+
+    ``alloc`` must return device memory of ``device`` (from ``openreg::orMalloc``,
+    csrc/runtime/OpenRegRuntime.h: link the library to torch_openreg's ``_C``) at
+    least ``size`` bytes long, or null when out of memory; ``free`` gets back the
+    pointer with the size, device and stream of its allocation (the current stream
+    then). Install it with change_current_allocator."""
+
+    def __init__(self, path_to_so_file: str, alloc_fn_name: str, free_fn_name: str) -> None:
+        self._library = ctypes.CDLL(path_to_so_file)
+        self._functions = []
+        for role, name in (("alloc", alloc_fn_name), ("free", free_fn_name)):
+            try:
+                function = getattr(self._library, name)
+            except AttributeError:
+                raise AttributeError(
+                    f"OpenRegPluggableAllocator: {path_to_so_file} has no function {name!r} (the {role} function); "
+                    "declare it extern \"C\" so that its name is not mangled"
+                ) from None
+            self._functions.append(ctypes.cast(function, ctypes.c_void_p).value)
+
+
+_current_allocator: OpenRegPluggableAllocator | None = None
+
+
+def change_current_allocator(allocator: OpenRegPluggableAllocator) -> None:
+    """Makes ``allocator`` serve every later openreg allocation, as
+    torch.cuda.memory.change_current_allocator: only before openreg has allocated
+    device memory in this process (RuntimeError otherwise). Its memory is not in
+    memory_stats; get_allocator_backend() says "pluggable"."""
+    global _current_allocator
+    if not isinstance(allocator, OpenRegPluggableAllocator):
+        raise TypeError(f"change_current_allocator expects an OpenRegPluggableAllocator, got {type(allocator).__name__}")
+    _C._change_current_allocator(*allocator._functions)
+    _current_allocator = allocator  # keeps its library loaded
 
 
 def device_memory_used(device: Any = None) -> int:
