@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -159,11 +160,13 @@ def test_to_dense_matches_cpu(coalesced):
 
 # --- operators ---
 
-S = coo(size=(4, 6), nnz=9)  # uncoalesced
-S2 = coo(size=(4, 6), nnz=5, seed=3)
-D = dense(6, 3, density=1.0)
-D4 = dense(4, 6, density=1.0, seed=4)
-CSR = dense(4, 6, seed=5).to_sparse_csr()
+with warnings.catch_warnings():  # pytestmark's filters do not cover the import
+    warnings.simplefilter("ignore")
+    S = coo(size=(4, 6), nnz=9)  # uncoalesced
+    S2 = coo(size=(4, 6), nnz=5, seed=3)
+    D = dense(6, 3, density=1.0)
+    D4 = dense(4, 6, density=1.0, seed=4)
+    CSR = dense(4, 6, seed=5).to_sparse_csr()
 
 OPS = {
     "mm_sparse_dense": (lambda s, d: torch.mm(s, d), (S, D)),
