@@ -137,6 +137,9 @@ def test_constructor_checks_indices_against_the_size_as_cpu_does():
     with pytest.raises(RuntimeError) as dev:
         torch.sparse_coo_tensor(i, torch.ones(2), (3,), device=DEV, check_invariants=True)
     assert str(dev.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+    # Indices in bounds pass the same checks and make the tensor.
+    made = torch.sparse_coo_tensor(i, torch.ones(2), (6,), device=DEV, check_invariants=True)
+    assert_same(made, torch.sparse_coo_tensor(i, torch.ones(2), (6,), check_invariants=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
