@@ -73,13 +73,25 @@ def list_bindings(cfg: BackendConfig) -> str:
         (f"aten::{f.func.name} (nested)", Route.nested_fallback.value, "its NestedTensorCPU kernel, registered by name")
         for f in cfg.fallback.nested_ops
     ]
+    rows += [
+        (f"aten::{f.func.name} (sparse)", Route.sparse_fallback.value, "its SparseCPU kernel, registered by name")
+        for f in cfg.fallback.sparse_ops
+    ]
+    rows += [
+        (f"aten::{f.func.name} (sparse compressed)", Route.sparse_fallback.value, "its SparseCsrCPU kernel, registered by name")
+        for f in cfg.fallback.sparse_compressed_ops
+    ]
     rows.sort()
     name_width = max((len(r[0]) for r in rows), default=0)
     route_width = max((len(r[1]) for r in rows), default=0)
     lines = [f"{name.ljust(name_width)}  {route.ljust(route_width)}  {detail}".rstrip() for name, route, detail in rows]
     other = Route.fallback.value if cfg.fallback.enabled else "no kernel"
     nested = Route.nested_fallback.value if cfg.fallback.nested else f"{Route.nested_blocked.value} (refused)"
-    lines.append(f"(every other operator: {other}; on a nested tensor of the strided layout: {nested})")
+    sparse = Route.sparse_fallback.value if cfg.fallback.sparse else f"{Route.sparse_blocked.value} (refused)"
+    lines.append(
+        f"(every other operator: {other}; on a nested tensor of the strided layout: {nested}; "
+        f"on a sparse tensor: {sparse})"
+    )
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from codegen.native import (
     has_cpu_kernel,
     native_functions,
     nested_kernels_behind_composites,
+    sparse_kernels_behind_composites,
     structured_groups,
 )
 from codegen.sources import defined_functions
@@ -56,7 +57,7 @@ _NAMESPACE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*\Z")
 TOP_LEVEL_KEYS = ("cpp_namespace", "kernels", "structured", "cpu_kernels", "stubs", "custom_ops", "fallback")
 CPU_KERNEL_KEYS = ("op",)
 KERNEL_KEYS = ("op", "kernel", "symint", "device_guard", "device_check", "handles_conj_neg", "autograd")
-FALLBACK_KEYS = ("global", "nested", "ops", "blocklist", "cpu_tensor_args", "cpu_results")
+FALLBACK_KEYS = ("global", "nested", "sparse", "ops", "blocklist", "cpu_tensor_args", "cpu_results")
 OP_REF_KEYS = ("op",)
 STRUCTURED_KEYS = ("op", "impl", "on_cpu_aliases")
 STUBS_KEYS = ("cpu_kernels", "kernels")
@@ -560,7 +561,13 @@ class _Reader:
     def fallback(self, top: dict[str, Any]) -> FallbackPolicy:
         if "fallback" not in top:
             return FallbackPolicy(
-                enabled=True, ops=(), blocklist=(), cpu_tensor_args=(), nested_ops=nested_kernels_behind_composites()
+                enabled=True,
+                ops=(),
+                blocklist=(),
+                cpu_tensor_args=(),
+                nested_ops=nested_kernels_behind_composites(),
+                sparse_ops=sparse_kernels_behind_composites(False),
+                sparse_compressed_ops=sparse_kernels_behind_composites(True),
             )
         section = self.mapping(top["fallback"], self.key_loc(top, "fallback").line, "'fallback'")
         self.check_keys(section, FALLBACK_KEYS, "fallback")
@@ -576,10 +583,33 @@ class _Reader:
                 "ones run on the global CPU fallback; set 'global: true', or 'nested: false' to refuse "
                 "nested tensors of the strided layout",
             )
+        sparse = self.get(section, "sparse", bool, "fallback", default=enabled)
+        if sparse and not enabled:
+            # to_sparse and the other operators that make sparse tensors from
+            # dense ones have no openreg kernel: they run on the global fallback.
+            raise YamlError(
+                self.key_loc(section, "sparse"),
+                "'sparse: true' needs 'global: true': the operators that make sparse tensors from dense "
+                "ones (to_sparse) run on the global CPU fallback; set 'global: true', or 'sparse: false' to "
+                "refuse sparse tensors",
+            )
+        blocklist = self.op_refs(section, "blocklist", BLOCKED_KEYS, reason=True)
+        blocked = {r.name for r in blocklist}
+
+        def sparse_ops(compressed: bool) -> tuple:
+            # A blocked operator stays blocked on sparse tensors too (its
+            # composite kernel reaches the blocked dense kernel, or raises).
+            if not sparse:
+                return ()
+            return tuple(f for f in sparse_kernels_behind_composites(compressed) if f.func.name not in blocked)
+
         return FallbackPolicy(
             enabled=enabled,
+            sparse=sparse,
+            sparse_ops=sparse_ops(False),
+            sparse_compressed_ops=sparse_ops(True),
             ops=self.op_refs(section, "ops", OP_REF_KEYS, reason=False),
-            blocklist=self.op_refs(section, "blocklist", BLOCKED_KEYS, reason=True),
+            blocklist=blocklist,
             cpu_tensor_args=self.op_refs(section, "cpu_tensor_args", OP_REF_KEYS, reason=False),
             nested=nested,
             cpu_results=self.op_refs(section, "cpu_results", OP_REF_KEYS, reason=False),

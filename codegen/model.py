@@ -48,6 +48,11 @@ class Route(enum.Enum):
     # CPU aliases (yaml: fallback.nested), or refused.
     nested_fallback = "nested_fallback"
     nested_blocked = "nested_blocked"
+    # On sparse tensors (COO, CSR, CSC, BSR, BSC): the SparseCPU / SparseCsrCPU
+    # kernel on CPU aliases of their indices and values (yaml: fallback.sparse),
+    # or refused.
+    sparse_fallback = "sparse_fallback"
+    sparse_blocked = "sparse_blocked"
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,10 @@ class FallbackPolicy:
     # NestedTensorCPU kernels on CPU aliases; otherwise every operator on them
     # raises. Only with `enabled` (load.py checks).
     nested: bool = True
+    # Sparse tensors (SparsePrivateUse1, SparseCsrPrivateUse1) run torch's
+    # SparseCPU / SparseCsrCPU kernels on CPU aliases of their indices and
+    # values; otherwise every operator on them raises. Only with `enabled`.
+    sparse: bool = True
     # Operators whose results torch keeps on the CPU for every device (the
     # metadata of nested tensors): their fresh results stay CPU tensors.
     cpu_results: tuple[OpRef, ...] = ()
@@ -139,6 +148,11 @@ class FallbackPolicy:
     # CompositeImplicitAutograd kernel would hide from the nested fallback
     # (derived from native_functions.yaml, never written in the yaml).
     nested_ops: tuple[NativeFunction, ...] = ()
+    # With `sparse`: operators whose SparseCPU / SparseCsrCPU kernel a
+    # composite kernel would hide from the sparse fallback (derived from
+    # native_functions.yaml, less the blocklist).
+    sparse_ops: tuple[NativeFunction, ...] = ()
+    sparse_compressed_ops: tuple[NativeFunction, ...] = ()
 
 
 @dataclass(frozen=True)

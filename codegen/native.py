@@ -88,6 +88,37 @@ def nested_kernels_behind_composites() -> tuple[NativeFunction, ...]:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def sparse_kernels_behind_composites(compressed: bool) -> tuple[NativeFunction, ...]:
+    """Operators with a SparseCPU (``compressed``: SparseCsrCPU) kernel and a
+    composite one (``values``, ``is_coalesced``, ``copy_``, ``clone``, ``sum``,
+    ...: mostly CompositeExplicitAutograd kernels for dense tensors). The
+    dispatcher gives the composite to SparsePrivateUse1 (SparseCsrPrivateUse1),
+    where it fails or differs from CPU, which runs the sparse kernel: a
+    backend fallback never overrides it, so the sparse fallback is registered
+    for each of them by name."""
+    sparse_cpu = parsed().backend_indices[DispatchKey.SparseCsrCPU if compressed else DispatchKey.SparseCPU]
+    composites = [
+        parsed().backend_indices[k]
+        for k in (DispatchKey.CompositeExplicitAutograd, DispatchKey.CompositeExplicitAutogradNonFunctional)
+    ]
+    # The functional and in-place variants of a structured group (mul.Tensor,
+    # add_.Tensor, mm) get a generated CompositeExplicitAutogradNonFunctional
+    # kernel, whose keys exclude Sparse but not SparseCsr (c10's
+    # non_functional_backend_dispatch_keyset, DispatchKeySet.h): they hide the
+    # compressed layouts' kernels only.
+    return tuple(
+        f
+        for f in parsed().native_functions
+        if sparse_cpu.has_kernel(f)
+        and (
+            f.has_composite_implicit_autograd_kernel
+            or any(c.has_kernel(f) for c in composites)
+            or (compressed and f.structured_delegate is not None)
+        )
+    )
+
+
 def cpu_function(f: NativeFunction) -> tuple[str, CppSignature]:
     """(namespace, signature) of the C++ function that is CPU's kernel of
     ``f``: ``at::cpu::sum_outf``. The faithful (schema-ordered) and SymInt

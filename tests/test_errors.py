@@ -73,11 +73,14 @@ def test_pin_memory_is_refused_clearly():
         torch.empty(2, device=DEV, pin_memory=True)
 
 
-def test_sparse_layout_is_refused_clearly():
-    # The dispatcher routes sparse layouts to the SparsePrivateUse1 key, which
-    # openreg does not implement; torch says so by name.
-    with pytest.raises(NotImplementedError, match="'Sparseopenreg' backend"):
-        torch.empty(2, device=DEV, layout=torch.sparse_coo)
+def test_sparse_operator_cpu_lacks_is_refused_clearly():
+    # The dispatcher routes sparse layouts to the SparsePrivateUse1 key, whose
+    # fallback runs SparseCPU kernels (docs/sparse.md); an operator without one
+    # raises naming the operator, the layout and the way out, not torch's
+    # "Could not run ... 'Sparseopenreg' backend".
+    s = torch.empty(2, device=DEV, layout=torch.sparse_coo)
+    with pytest.raises(NotImplementedError, match=r"aten::cumsum got a torch\.sparse_coo tensor on openreg.*to_dense"):
+        torch.cumsum(s, 0)
     assert torch.ones(1, device=DEV).item() == 1
 
 

@@ -23,6 +23,16 @@ NestedTensorPrivateUse1; ``nested`` says what serves it there (NESTED_ROUTES):
 - composite: a CompositeImplicitAutograd kernel runs it through other operators;
 - unsupported: no NestedTensorCPU kernel (raises NotImplementedError, as CPU does);
 - refused: the yaml turns the nested fallback off (fallback.nested: false).
+
+On a sparse COO tensor it dispatches to SparsePrivateUse1; ``sparse`` says what
+serves it there (SPARSE_ROUTES, docs/sparse.md):
+
+- sparse_fallback (the route): the sparse CPU fallback, the operator's SparseCPU
+  kernel on the device memory;
+- composite: a CompositeImplicitAutograd or CompositeExplicitAutograd kernel runs it
+  through other operators;
+- unsupported: no SparseCPU kernel (raises NotImplementedError, as CPU does);
+- refused: the yaml turns the sparse fallback off (fallback.sparse: false).
 """
 
 from __future__ import annotations
@@ -39,10 +49,12 @@ from torch_openreg import _C
 
 CATEGORIES = ("native", "composite", "fallback", "blocked", "unsupported")
 NESTED_ROUTES = ("nested_fallback", "composite", "unsupported", "refused")
+SPARSE_ROUTES = ("sparse_fallback", "composite", "unsupported", "refused")
 
 # "PrivateUse1: registered at FILE:LINE [kernel]" in a computed dispatch table.
 _ENTRY = re.compile(r"^PrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
 _NESTED_ENTRY = re.compile(r"^NestedTensorPrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
+_SPARSE_ENTRY = re.compile(r"^SparsePrivateUse1: (?P<text>.*?)(?: \[(?P<tag>[^\]]+)\])?$", re.MULTILINE)
 _COMPOSITE_TAGS = {
     "math kernel": "CompositeImplicitAutograd",
     "default backend kernel": "CompositeExplicitAutograd",
@@ -56,6 +68,7 @@ class OperatorReport:
     served_by: str  # how openreg runs it, in words
     dispatch_entry: str  # the PrivateUse1 line of the dispatch table, "" if none
     nested: str = ""  # on a nested tensor of the strided layout: one of NESTED_ROUTES
+    sparse: str = ""  # on a sparse COO tensor: one of SPARSE_ROUTES
 
 
 def nested_route(name: str, table: str | None = None) -> str:
@@ -77,6 +90,24 @@ def nested_route(name: str, table: str | None = None) -> str:
     return "unsupported"
 
 
+def sparse_route(name: str, table: str | None = None) -> str:
+    """What serves ``name`` on a sparse COO openreg tensor, from the
+    SparsePrivateUse1 entry of its computed dispatch table."""
+    table = torch._C._dispatch_dump_table(name) if table is None else table
+    match = _SPARSE_ENTRY.search(table)
+    tag = (match.group("tag") or "") if match else ""
+    if tag in _COMPOSITE_TAGS:
+        return "composite"
+    if match is None:
+        return "unsupported"  # nothing registered (fallback.global: false)
+    if not _C._sparse_fallback():
+        return "refused"
+    # The sparse fallback, which raises for an operator without a SparseCPU kernel.
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "SparseCPU"):
+        return "sparse_fallback"
+    return "unsupported"
+
+
 Route = _C.Route
 
 
@@ -93,27 +124,28 @@ def classify(name: str, bound: dict[str, tuple[Route, str]] | None = None) -> Op
 def _classify(name: str, bound: dict[str, tuple[Route, str]] | None, table: str) -> OperatorReport:
     bound = bindings() if bound is None else bound
     nested = nested_route(name, table)
+    sparse = sparse_route(name, table)
     match = _ENTRY.search(table)
     entry = match.group(0).removeprefix("PrivateUse1: ") if match else ""
     tag = (match.group("tag") or "") if match else ""
     route, detail = bound.get(name, (None, ""))
     if route == Route.blocked:
-        return OperatorReport(name, "blocked", f"blocked: {detail}", entry, nested)
+        return OperatorReport(name, "blocked", f"blocked: {detail}", entry, nested, sparse)
     if route == Route.fallback:
-        return OperatorReport(name, "fallback", "fallback (fallback.ops in the yaml)", entry, nested)
+        return OperatorReport(name, "fallback", "fallback (fallback.ops in the yaml)", entry, nested, sparse)
     if route is not None:
-        return OperatorReport(name, "native", f"{route.name} {detail}", entry, nested)
+        return OperatorReport(name, "native", f"{route.name} {detail}", entry, nested, sparse)
     if tag == "kernel":
-        return OperatorReport(name, "native", "a PrivateUse1 kernel registered outside backend_functions.yaml", entry, nested)
+        return OperatorReport(name, "native", "a PrivateUse1 kernel registered outside backend_functions.yaml", entry, nested, sparse)
     if tag in _COMPOSITE_TAGS:
         return OperatorReport(
-            name, "composite", f"{_COMPOSITE_TAGS[tag]} kernel: runs through other operators", entry, nested
+            name, "composite", f"{_COMPOSITE_TAGS[tag]} kernel: runs through other operators", entry, nested, sparse
         )
     if tag == "backend fallback":
         if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
-            return OperatorReport(name, "fallback", "fallback", entry, nested)
-        return OperatorReport(name, "unsupported", "fallback, but the operator has no CPU kernel", entry, nested)
-    return OperatorReport(name, "unsupported", "no PrivateUse1 kernel and no fallback", entry, nested)
+            return OperatorReport(name, "fallback", "fallback", entry, nested, sparse)
+        return OperatorReport(name, "unsupported", "fallback, but the operator has no CPU kernel", entry, nested, sparse)
+    return OperatorReport(name, "unsupported", "no PrivateUse1 kernel and no fallback", entry, nested, sparse)
 
 
 def operators(namespace: str = "aten") -> list[str]:
@@ -146,10 +178,12 @@ def report() -> dict[str, Any]:
         "fallback_mode": torch.openreg.get_fallback_mode(),
         "global_fallback": _C._global_fallback(),
         "nested_fallback": _C._nested_fallback(),
+        "sparse_fallback": _C._sparse_fallback(),
         "dispatch_trace": torch.openreg.is_dispatch_trace_enabled(),
         "aten_operators": len(aten),
         "counts": counts,
         "nested_counts": {route: sum(1 for r in aten if r.nested == route) for route in NESTED_ROUTES},
+        "sparse_counts": {route: sum(1 for r in aten if r.sparse == route) for route in SPARSE_ROUTES},
         "native_by_route": dict(sorted(routes.items())),
         "custom_operators": operators("openreg"),
         "stubs": {
@@ -209,6 +243,10 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"on nested tensors of the strided layout: {nested}")
     for route in NESTED_ROUTES:
         print(f"  {route:<16}{r['nested_counts'][route]:>6}")
+    sparse = "sparse CPU fallback" if r["sparse_fallback"] else "refused (fallback.sparse: false)"
+    print(f"on sparse COO tensors: {sparse}")
+    for route in SPARSE_ROUTES:
+        print(f"  {route:<16}{r['sparse_counts'][route]:>6}")
     print(f"custom operators: {len(r['custom_operators'])} ({', '.join(r['custom_operators'])})")
     print(f"stubs: {', '.join(f'{len(names)} {route}' for route, names in r['stubs'].items())}")
 
@@ -221,6 +259,7 @@ def _print_operator(entries: list[dict[str, Any]]) -> None:
         print(f"  served by: {e['served_by']}")
         print(f"  PrivateUse1 entry: {e['dispatch_entry'] or '(none)'}")
         print(f"  on a nested tensor (strided layout): {e['nested']}")
+        print(f"  on a sparse COO tensor: {e['sparse']}")
         print("  dispatch table:")
         for line in e["dispatch_table"].splitlines():
             print(f"    {line}")

@@ -16,6 +16,9 @@ FILE = "RegisterRoutes.cpp"
 BOXED_FALLBACK = "::openreg::cpu_fallback"
 BOXED_NESTED_FALLBACK = "::openreg::nested_fallback"
 BOXED_REFUSE_NESTED = "::openreg::refuse_nested"
+BOXED_SPARSE_FALLBACK = "::openreg::sparse_fallback"
+BOXED_SPARSE_COMPRESSED_FALLBACK = "::openreg::sparse_compressed_fallback"
+BOXED_REFUSE_SPARSE = "::openreg::refuse_sparse"
 BOXED_BLOCKED = "::openreg::blocked_kernel"
 
 
@@ -89,10 +92,39 @@ def registrations(cfg: BackendConfig) -> list[str]:
                     namespace="_",
                 )
             )
+        sparse = (
+            [("SparsePrivateUse1", BOXED_SPARSE_FALLBACK), ("SparseCsrPrivateUse1", BOXED_SPARSE_COMPRESSED_FALLBACK)]
+            if policy.sparse
+            else [("SparsePrivateUse1", BOXED_REFUSE_SPARSE), ("SparseCsrPrivateUse1", BOXED_REFUSE_SPARSE)]
+        )
+        comment = (
+            "// Sparse tensors have dispatch keys of their own (COO; CSR, CSC, BSR, BSC): every\n"
+            "// operator on them runs its SparseCPU / SparseCsrCPU kernel on sparse CPU tensors\n"
+            "// over CPU aliases of their indices and values (fallback.sparse)."
+            if policy.sparse
+            else "// Sparse tensors have dispatch keys of their own, and fallback.sparse is false:\n"
+            "// every operator on them raises an error that says so, instead of torch's\n"
+            "// \"Could not run ... 'Sparseopenreg'\"."
+        )
+        for key, function in sparse:
+            blocks.append(cpp.library_block(key, [f"m.fallback({_boxed(function)});"], comment, namespace="_"))
+        for key, function, ops in (
+            ("SparsePrivateUse1", BOXED_SPARSE_FALLBACK, policy.sparse_ops),
+            ("SparseCsrPrivateUse1", BOXED_SPARSE_COMPRESSED_FALLBACK, policy.sparse_compressed_ops),
+        ):
+            blocks.append(
+                cpp.library_block(
+                    key,
+                    [cpp.impl_line(f.func.name, _boxed(function)) for f in ops],
+                    f"// Operators with a {key.replace('PrivateUse1', 'CPU')} kernel and a composite one: the\n"
+                    f"// dispatcher gives {key} the composite, which the fallback above never\n"
+                    "// overrides, so the fallback is registered by name.",
+                )
+            )
     else:
         blocks.append(
             "// The global CPU fallback is off (fallback.global: false): operators without an\n"
-            "// openreg kernel, and every operator on a nested tensor, raise torch's\n"
+            "// openreg kernel, and every operator on a nested or sparse tensor, raise torch's\n"
             '// "Could not run ..." error.\n\n'
         )
     per_op = [cpp.impl_line(r.name, _boxed(BOXED_FALLBACK)) for r in policy.ops]
@@ -129,6 +161,7 @@ def emit(cfg: BackendConfig) -> dict[str, str]:
             cpu_results=_names(cfg.fallback.cpu_results),
             global_fallback="true" if cfg.fallback.enabled else "false",
             nested_fallback="true" if cfg.fallback.nested else "false",
+            sparse_fallback="true" if cfg.fallback.sparse else "false",
             registrations=registrations(cfg),
         )
     }

@@ -1,7 +1,8 @@
 ${banner}
 //
 // What the yaml decides beyond single kernels: the fallbacks (routes
-// `fallback`, `blocked`, `nested_fallback`, `nested_blocked`), and the route
+// `fallback`, `blocked`, `nested_fallback`, `nested_blocked`, `sparse_fallback`,
+// `sparse_blocked`), and the route
 // table csrc/aten/OpenRegRoutes.h keeps, which the fallback, `python -m
 // torch_openreg info` and the coverage report read.
 #include <torch/library.h>
@@ -14,6 +15,7 @@ namespace {
 const ::openreg::RouteRegistration registration({
     /*global_fallback=*/${global_fallback},
     /*nested_fallback=*/${nested_fallback},
+    /*sparse_fallback=*/${sparse_fallback},
     // Every operator and stub the yaml binds, with its route and the function
     // that serves it (a blocked operator: its reason).
     /*bindings=*/{

@@ -669,6 +669,9 @@ class BoxedCpuKernelCall {
         return r;
       }
     }
+    if (t.layout() != c10::kStrided) {
+      return std::nullopt; // a sparse result (to_sparse of dense operands): no storage to plan
+    }
     const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
     const bool shares = std::any_of(operands.begin(), operands.end(), [&](const at::Tensor& o) {
       return o.defined() && o.storage().unsafeGetStorageImpl() == storage;

@@ -8,8 +8,11 @@
 #include <vector>
 
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
 #include <ATen/core/TensorBase.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
@@ -417,6 +420,72 @@ at::Tensor nested_tensor_on(const c10::Storage& storage, const at::Tensor& t) {
 
 bool is_cpu_visible(const c10::Storage& storage) {
   return storage.unsafeGetStorageImpl()->data_ptr().get_deleter() == &delete_cpu_visible;
+}
+
+bool is_sparse_layout(const at::TensorBase& t) {
+  switch (t.layout()) {
+    case c10::kSparse:
+    case c10::kSparseCsr:
+    case c10::kSparseCsc:
+    case c10::kSparseBsr:
+    case c10::kSparseBsc:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+at::SparseTensorImpl* coo_impl(const at::Tensor& t) {
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::SparseCsrTensorImpl* compressed_impl(const at::Tensor& t) {
+  return static_cast<at::SparseCsrTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+} // namespace
+
+c10::SmallVector<at::Tensor, 3> sparse_members(const at::Tensor& t) {
+  if (t.layout() == c10::kSparse) {
+    const at::SparseTensorImpl* impl = coo_impl(t);
+    return {impl->indices(), impl->values()};
+  }
+  const at::SparseCsrTensorImpl* impl = compressed_impl(t);
+  return {impl->compressed_indices(), impl->plain_indices(), impl->values()};
+}
+
+void set_sparse_members(const at::Tensor& t, const at::Tensor& like, c10::ArrayRef<at::Tensor> members) {
+  if (like.layout() == c10::kSparse) {
+    const at::SparseTensorImpl* from = coo_impl(like);
+    at::SparseTensorImpl* impl = coo_impl(t);
+    // raw_resize_, not resize_: resize_ refuses to shrink the dimensions of a
+    // tensor with elements, which the members set next replace anyway.
+    impl->raw_resize_(from->sparse_dim(), from->dense_dim(), like.sizes());
+    impl->set_indices_and_values_unsafe(members[0], members[1]);
+    impl->set_coalesced(from->coalesced());
+    return;
+  }
+  compressed_impl(t)->set_member_tensors(members[0], members[1], members[2], like.sizes());
+}
+
+at::Tensor sparse_tensor_on(c10::Device device, const at::Tensor& like, c10::ArrayRef<at::Tensor> members) {
+  const bool cpu = device.is_cpu();
+  // SparseTensorImpl takes its device from the empty members it makes, on
+  // the current device.
+  const c10::OptionalDeviceGuard guard(cpu ? std::nullopt : std::optional<c10::Device>(device));
+  at::Tensor out;
+  if (like.layout() == c10::kSparse) {
+    out = at::detail::make_tensor<at::SparseTensorImpl>(
+        c10::DispatchKeySet(cpu ? c10::DispatchKey::SparseCPU : c10::DispatchKey::SparsePrivateUse1), like.dtype());
+  } else {
+    out = at::detail::make_tensor<at::SparseCsrTensorImpl>(
+        c10::DispatchKeySet(cpu ? c10::DispatchKey::SparseCsrCPU : c10::DispatchKey::SparseCsrPrivateUse1), device,
+        like.layout(), like.dtype());
+  }
+  set_sparse_members(out, like, members);
+  return out;
 }
 
 } // namespace openreg

@@ -118,6 +118,28 @@ at::Tensor nested_tensor_on(
     at::Tensor storage_offsets);
 at::Tensor nested_tensor_on(const c10::Storage& storage, const at::Tensor& t);
 
+// Sparse layouts (COO, CSR, CSC, BSR, BSC): a sparse tensor has no storage
+// of its own, only member tensors (COO: indices, values; the compressed
+// layouts: compressed indices, plain indices, values), read from its
+// TensorImpl, not through the dispatcher (sparse_dim() and is_coalesced()
+// are operators, which on openreg reach the sparse fallback).
+bool is_sparse_layout(const at::TensorBase& t);
+c10::SmallVector<at::Tensor, 3> sparse_members(const at::Tensor& t);
+
+// A sparse tensor with `like`'s layout, sizes, sparse and dense dimensions
+// and coalesced flag over `members` (as sparse_members orders them), with
+// the dispatch keys torch gives a sparse tensor of `device`'s type: SparseCPU
+// / SparseCsrCPU for the CPU alias of a sparse openreg tensor (its members
+// CPU aliases), SparsePrivateUse1 / SparseCsrPrivateUse1 for a sparse openreg
+// tensor (its members openreg tensors), as SparseTensor.cpp's new_sparse and
+// SparseCsrTensor.cpp's new_compressed_tensor make them for CPU and CUDA.
+at::Tensor sparse_tensor_on(c10::Device device, const at::Tensor& like, c10::ArrayRef<at::Tensor> members);
+
+// Gives the sparse tensor `t` the layout, sizes and flags of `like` and the
+// member tensors `members` (a written sparse operand, after the CPU kernel
+// replaced its alias's members).
+void set_sparse_members(const at::Tensor& t, const at::Tensor& like, c10::ArrayRef<at::Tensor> members);
+
 namespace detail {
 
 // This thread's recycled operand aliases, fetched once per call.

@@ -114,6 +114,9 @@ CpuKernelCall::~CpuKernelCall() {
     redirect_cpu_allocations(previous_redirect_);
   }
   written_.clear(); // (finish() did, unless the kernel threw)
+  // Sparse aliases hold aliases of their members: drop them first, so that
+  // the member aliases nothing kept return to the pool.
+  sparse_operands_.clear();
   // The lists hold references to operand aliases: drop them before the
   // aliases end. A list the kernel kept (c10::List shares its elements) is
   // left to it, and the spare is replaced.
@@ -163,7 +166,7 @@ void CpuKernelCall::note(const at::Tensor& t, const char* argument, bool written
   }
   if (t.device().is_privateuseone()) {
     note_device(t.device(), argument);
-    if (!t.is_nested()) {
+    if (!t.is_nested() && t.layout() == c10::kStrided) {
       work_ = std::max(work_, t.numel());
     }
   } else if (t.is_cpu()) {
@@ -264,6 +267,9 @@ const at::Tensor& CpuKernelCall::alias(const at::Tensor& t, bool borrow) {
   if (!t.defined() || !t.device().is_privateuseone()) {
     return t;
   }
+  if (C10_UNLIKELY(is_sparse_layout(t))) {
+    return sparse_alias(t, borrow);
+  }
   auto [operand, added] = operands_.get(t);
   if (added) {
     operand->extra = keep(t, borrow);
@@ -358,6 +364,10 @@ void CpuKernelCall::finish() {
 // A written operand whose CPU alias the CPU kernel resized or restrided: give
 // the device tensor the same storage size, bytes and geometry.
 void CpuKernelCall::write_back(const Written& w) {
+  if (C10_UNLIKELY(is_sparse_layout(*w.device_tensor))) {
+    write_back_sparse(w);
+    return;
+  }
   c10::TensorImpl* device_impl = w.device_tensor->unsafeGetTensorImpl();
   c10::TensorImpl* alias_impl = w.alias.unsafeGetTensorImpl();
   const c10::Storage& cpu = alias_impl->storage();
@@ -403,6 +413,9 @@ at::Tensor CpuKernelCall::result(at::Tensor&& t) {
 std::optional<at::Tensor> CpuKernelCall::converted(const at::Tensor& t) {
   if (!t.defined() || !t.is_cpu() || !device_) {
     return std::nullopt;
+  }
+  if (C10_UNLIKELY(is_sparse_layout(t))) {
+    return converted_sparse(t);
   }
   TORCH_CHECK_NOT_IMPLEMENTED(
       t.layout() == c10::Layout::Strided, op_name(), " produced a ", t.layout(),
@@ -525,6 +538,54 @@ at::Tensor CpuKernelCall::converted_nested(const at::Tensor& t) {
     return t;
   }
   return on(fresh_device_storage(cpu, take_grown_device_memory(t.storage())));
+}
+
+// A sparse operand's CPU alias: a sparse CPU tensor of its layout over CPU
+// aliases of its members (owned: a written operand's members are replaced
+// while the call runs), one per operand.
+const at::Tensor& CpuKernelCall::sparse_alias(const at::Tensor& t, bool borrow) {
+  for (const SparseOperand& o : sparse_operands_) {
+    if (o.device_tensor->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      return o.alias;
+    }
+  }
+  c10::SmallVector<at::Tensor, 3> members = sparse_members(t);
+  for (at::Tensor& m : members) {
+    m = alias(m, /*borrow=*/false);
+  }
+  return sparse_operands_.emplace_back(SparseOperand{keep(t, borrow), sparse_tensor_on(c10::kCPU, t, members)})
+      .alias;
+}
+
+// A sparse CPU result as a sparse openreg tensor: an operand itself (in-place,
+// coalesce of a coalesced tensor), or a new sparse tensor over its members,
+// each converted as a dense result is (an operand's member, a view of one,
+// or fresh device memory).
+at::Tensor CpuKernelCall::converted_sparse(const at::Tensor& t) {
+  for (const SparseOperand& o : sparse_operands_) {
+    if (o.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      return *o.device_tensor;
+    }
+  }
+  if (cpu_results_) {
+    return t;
+  }
+  c10::SmallVector<at::Tensor, 3> members = sparse_members(t);
+  for (at::Tensor& m : members) {
+    m = result(m);
+  }
+  return sparse_tensor_on(*device_, t, members);
+}
+
+// A written sparse operand (add_, mul_, zero_, copy_, resize_as_ on sparse
+// tensors): the CPU kernel may have given its alias new members and sizes,
+// which the openreg tensor takes, converted.
+void CpuKernelCall::write_back_sparse(const Written& w) {
+  c10::SmallVector<at::Tensor, 3> members = sparse_members(w.alias);
+  for (at::Tensor& m : members) {
+    m = result(m);
+  }
+  set_sparse_members(*w.device_tensor, w.alias, members);
 }
 
 std::vector<at::Tensor> CpuKernelCall::result(const std::vector<at::Tensor>& tensors) {

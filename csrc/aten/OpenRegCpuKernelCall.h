@@ -9,6 +9,12 @@
 // - the boxed CPU fallback (OpenRegFallback.cpp) for every other operator,
 //   and its nested counterpart for nested tensors of the strided layout.
 //
+// A sparse openreg operand's CPU alias is a sparse CPU tensor of its layout
+// whose indices and values are CPU aliases of its own; a sparse CPU result
+// comes back as a sparse openreg tensor over the device memory of its
+// converted members, and a written sparse operand takes the members the
+// kernel gave its alias.
+//
 // A nested openreg operand's CPU alias is a NestedTensorCPU tensor with its
 // nested sizes, strides and offsets over the same bytes; a nested CPU result
 // comes back as a nested openreg tensor (its metadata tensors in CPU memory,
@@ -185,6 +191,10 @@ class CpuKernelCall {
   std::optional<at::Tensor> converted(const at::Tensor& t);
   // converted() for a nested tensor of the strided layout.
   at::Tensor converted_nested(const at::Tensor& t);
+  // alias(), converted() and write_back() for sparse layouts.
+  const at::Tensor& sparse_alias(const at::Tensor& t, bool borrow);
+  at::Tensor converted_sparse(const at::Tensor& t);
+  void write_back_sparse(const Written& w);
   c10::Storage fresh_device_storage(c10::StorageImpl* cpu, std::optional<c10::DataPtr> device_memory);
   // An operand of the caller's: borrowed when the caller's reference outlives
   // the call (an unboxed wrapper's arguments), which spares reference counting
@@ -226,6 +236,13 @@ class CpuKernelCall {
   // an operand itself returns as that operand. alias() returns references to
   // them: they never move.
   Operands operands_;
+  // Sparse operands and their sparse CPU aliases (whose members are among
+  // operands_), in a list since alias() returns references to them.
+  struct SparseOperand {
+    c10::MaybeOwned<at::Tensor> device_tensor;
+    at::Tensor alias;
+  };
+  std::list<SparseOperand> sparse_operands_;
 };
 
 // CPU's out= kernel in the calling thread, on CPU aliases, after the current

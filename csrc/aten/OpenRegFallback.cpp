@@ -131,6 +131,88 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "jagged layout (layout=torch.jagged), whose operators run on openreg's dense kernels.");
 }
 
+namespace {
+
+// A layout as Python names it ("torch.sparse_csr").
+const char* python_layout(c10::Layout layout) {
+  switch (layout) {
+    case c10::kSparse:
+      return "torch.sparse_coo";
+    case c10::kSparseCsr:
+      return "torch.sparse_csr";
+    case c10::kSparseCsc:
+      return "torch.sparse_csc";
+    case c10::kSparseBsr:
+      return "torch.sparse_bsr";
+    case c10::kSparseBsc:
+      return "torch.sparse_bsc";
+    default:
+      return "sparse";
+  }
+}
+
+// The layout of the first sparse tensor among the operator's arguments, for
+// errors.
+const char* sparse_layout_of(const torch::jit::Stack& stack, size_t arguments) {
+  for (size_t i = stack.size() - arguments; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().layout() != c10::kStrided) {
+      return python_layout(v.toTensor().layout());
+    }
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (t.defined() && t.layout() != c10::kStrided) {
+          return python_layout(t.layout());
+        }
+      }
+    }
+  }
+  return "sparse"; // a factory (layout=torch.sparse_coo, device="openreg")
+}
+
+// Both sparse fallbacks: `key` the dispatch key served (for the trace),
+// `cpu_key` the CPU kernel's.
+void run_sparse_fallback(
+    const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* key, c10::DispatchKey cpu_key) {
+  const c10::OperatorName& name = op.operator_name();
+  if (!op.hasComputedKernelForDispatchKey(cpu_key)) {
+    // Without it the redispatch would raise torch's "Could not run ... 'SparseCPU'
+    // backend", which names neither openreg nor a way out.
+    const trace::Scope scope(name, Route::SparseBlocked, key);
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false, c10::toString(name), " got a ", sparse_layout_of(*stack, op.schema().arguments().size()),
+        " tensor on openreg, but torch has no ", c10::toString(cpu_key),
+        " kernel for it (so CPU raises too): openreg runs sparse operators only through torch's sparse CPU "
+        "kernels on the device memory (the sparse fallback). Convert with .to_dense() (or another sparse "
+        "layout that CPU serves for this operator), or run it on CPU tensors.");
+  }
+  const trace::Scope scope(name, Route::SparseFallback, key);
+  run_on_cpu_aliases(
+      op, stack, cpu_key,
+      " got a sparse tensor, which openreg runs on the sparse CPU fallback only (torch's sparse CPU kernel "
+      "on the device memory), and OPENREG_FALLBACK=error forbids it. Allow the fallback with "
+      "torch.openreg.set_fallback_mode(\"silent\"), or convert with .to_dense().");
+}
+
+} // namespace
+
+void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_sparse_fallback(op, stack, "SparsePrivateUse1", c10::DispatchKey::SparseCPU);
+}
+
+void sparse_compressed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_sparse_fallback(op, stack, "SparseCsrPrivateUse1", c10::DispatchKey::SparseCsrCPU);
+}
+
+void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const trace::Scope scope(op.operator_name(), Route::SparseBlocked);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, c10::toString(op.schema().operator_name()), " got a ",
+      sparse_layout_of(*stack, op.schema().arguments().size()),
+      " tensor on openreg, and backend_functions.yaml turns the sparse CPU fallback off (fallback.sparse: "
+      "false). Convert with .to_dense(), or keep sparse tensors on CPU.");
+}
+
 void blocked_kernel(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
   const trace::Scope scope(op.operator_name(), Route::Blocked);
   const char* reason = blocked_reason(op.operator_name());

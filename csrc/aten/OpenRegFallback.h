@@ -45,4 +45,19 @@ void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // nested fallback off (fallback.nested: false): raises.
 [[noreturn]] void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// The sparse counterparts, for every operator on a sparse openreg tensor: COO
+// (the SparsePrivateUse1 key) and the compressed layouts CSR, CSC, BSR, BSC
+// (SparseCsrPrivateUse1). Each sparse openreg operand becomes a sparse CPU
+// tensor of the same layout, sizes and flags over CPU aliases of its indices
+// and values, the operator's SparseCPU / SparseCsrCPU kernel runs, and sparse
+// results come back as sparse openreg tensors over device memory. Counted and
+// governed by the fallback mode like cpu_fallback; an operator without a
+// sparse CPU kernel raises NotImplementedError naming it and the layout.
+void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void sparse_compressed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// The boxed kernel for both sparse keys when the yaml turns the sparse
+// fallback off (fallback.sparse: false): raises.
+[[noreturn]] void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 } // namespace openreg

@@ -62,6 +62,10 @@ const char* route_name(Route route) {
       return "nested_fallback";
     case Route::NestedBlocked:
       return "nested_blocked";
+    case Route::SparseFallback:
+      return "sparse_fallback";
+    case Route::SparseBlocked:
+      return "sparse_blocked";
   }
   return "?";
 }

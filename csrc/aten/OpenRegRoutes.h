@@ -33,8 +33,10 @@ enum class Route : uint8_t {
   Blocked, // raises NotImplementedError with the yaml's reason
   NestedFallback, // on a nested tensor: its NestedTensorCPU kernel on CPU aliases
   NestedBlocked, // on a nested tensor: no nested kernel, or nested tensors refused
+  SparseFallback, // on a sparse tensor: its SparseCPU / SparseCsrCPU kernel on CPU aliases
+  SparseBlocked, // on a sparse tensor: no sparse CPU kernel, or sparse tensors refused
 };
-inline constexpr int kRouteCount = static_cast<int>(Route::NestedBlocked) + 1;
+inline constexpr int kRouteCount = static_cast<int>(Route::SparseBlocked) + 1;
 
 // The route's name in the yaml's vocabulary: "kernel", "structured_impl", ...
 const char* route_name(Route route);
@@ -49,6 +51,7 @@ struct Binding {
 struct RouteTable {
   bool global_fallback = false; // fallback.global: the CPU fallback for every other operator
   bool nested_fallback = false; // fallback.nested: the nested CPU fallback, or nested tensors refused
+  bool sparse_fallback = false; // fallback.sparse: the sparse CPU fallback, or sparse tensors refused
   std::vector<Binding> bindings;
   // Operator names ("aten::copy_", "aten::index.Tensor") of fallback.cpu_tensor_args
   // and fallback.cpu_results.

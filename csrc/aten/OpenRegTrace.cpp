@@ -28,7 +28,7 @@ void print(const Call& call) {
   // torch, these lines nest among the dispatcher's.
   std::string line(static_cast<size_t>(c10::dispatch_trace_nesting_value()), ' ');
   line += call.route == Route::StubKernel || call.route == Route::StubCpuKernel ? "[stub]" : "[call]";
-  line += " op=[" + call_name(call) + "], key=[" + route_key(call.route) + "] -> ";
+  line += " op=[" + call_name(call) + "], key=[" + (call.key != nullptr ? call.key : route_key(call.route)) + "] -> ";
   line += route_name(call.route);
   if (call.kernel != nullptr) {
     line += ' ';
@@ -41,7 +41,16 @@ void print(const Call& call) {
 } // namespace
 
 const char* route_key(Route route) {
-  return route == Route::NestedFallback || route == Route::NestedBlocked ? "NestedTensorPrivateUse1" : "PrivateUse1";
+  switch (route) {
+    case Route::NestedFallback:
+    case Route::NestedBlocked:
+      return "NestedTensorPrivateUse1";
+    case Route::SparseFallback:
+    case Route::SparseBlocked:
+      return "SparsePrivateUse1";
+    default:
+      return "PrivateUse1";
+  }
 }
 
 std::string call_name(const Call& call) {

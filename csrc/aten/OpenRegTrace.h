@@ -21,7 +21,8 @@
 namespace openreg::trace {
 
 // The dispatch key a call of this route was served under, as the dispatch
-// trace names it ("PrivateUse1", "NestedTensorPrivateUse1").
+// trace names it ("PrivateUse1", "NestedTensorPrivateUse1"; the sparse
+// routes serve two keys, which their calls name themselves).
 const char* route_key(Route route);
 
 // Observer bits.
@@ -41,6 +42,9 @@ struct Call {
   const c10::OperatorName* op_name = nullptr; // instead of `op` (the fallback)
   Route route = Route::Kernel;
   const char* kernel = nullptr; // the function that serves it, if any
+  // The dispatch key, where route_key(route) cannot tell it: a sparse call's
+  // (SparsePrivateUse1 or SparseCsrPrivateUse1).
+  const char* key = nullptr;
   // While the profiler observes, the outermost call on a thread learns when
   // its device work began: the first time it (or a call inside it) joins a
   // device's current stream to touch that device's memory (stream_joined).
@@ -105,6 +109,16 @@ class Scope {
   Scope(const c10::OperatorName& op, Route route) noexcept {
     call_.op_name = &op;
     call_.route = route;
+    const uint32_t watching = observers.load(std::memory_order_relaxed);
+    if (C10_UNLIKELY(watching != 0)) {
+      begin(watching);
+    }
+  }
+  // A call whose route serves two dispatch keys (the sparse fallback).
+  Scope(const c10::OperatorName& op, Route route, const char* key) noexcept {
+    call_.op_name = &op;
+    call_.route = route;
+    call_.key = key;
     const uint32_t watching = observers.load(std::memory_order_relaxed);
     if (C10_UNLIKELY(watching != 0)) {
       begin(watching);

@@ -624,6 +624,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_bindings", &bindings);
   m.def("_global_fallback", [] { return openreg::route_table().global_fallback; });
   m.def("_nested_fallback", [] { return openreg::route_table().nested_fallback; });
+  m.def("_sparse_fallback", [] { return openreg::route_table().sparse_fallback; });
   m.def("_profiler_is_recording", &openreg::profiler::is_recording,
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,

@@ -73,7 +73,12 @@ def test_list_shows_each_binding_with_its_route(capsys):
     assert rows["openreg::scale"] == ("custom_op", "demo::native::scale")
     assert rows["aten::cat"] == ("cpu_kernel", "at::cpu::cat")
     # Every route the fixture can name appears, in the one vocabulary.
-    assert {route for route, _ in rows.values()} == {r.value for r in Route} - {"nested_fallback", "nested_blocked"}
+    assert {route for route, _ in rows.values()} == {r.value for r in Route} - {
+        "nested_fallback",
+        "nested_blocked",
+        "sparse_fallback",
+        "sparse_blocked",
+    }
 
 
 def test_every_stub_that_takes_an_iterator_gets_cpus_kernel():
@@ -288,6 +293,28 @@ def test_stub_discovery_finds_every_declared_stub_with_its_header():
     assert (fill.namespace, fill.header, fill.params) == (
         "at::native", "ATen/native/Fill.h", ("TensorIterator&", "const Scalar&"))
     assert stubs["add_stub"].params == ("TensorIteratorBase&", "const Scalar&")
+
+
+def test_sparse_fallback_is_registered_for_both_sparse_keys(tmp_path):
+    """With the global fallback, sparse tensors get the sparse CPU fallback for
+    COO (SparsePrivateUse1) and the compressed layouts (SparseCsrPrivateUse1);
+    fallback.sparse: false refuses them, and needs no global fallback."""
+    cfg = load(write(tmp_path, "cpp_namespace: n\nfallback:\n  global: true\n"))
+    assert cfg.fallback.sparse
+    text = generate(cfg)["RegisterRoutes.cpp"]
+    assert "TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {\n  m.fallback(torch::CppFunction::makeFromBoxedFunction<&::openreg::sparse_fallback>());" in text
+    assert "TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {\n  m.fallback(torch::CppFunction::makeFromBoxedFunction<&::openreg::sparse_compressed_fallback>());" in text
+    assert "/*sparse_fallback=*/true" in text
+    # By name where a composite kernel would hide the sparse CPU kernel.
+    assert 'm.impl("values", torch::CppFunction::makeFromBoxedFunction<&::openreg::sparse_fallback>());' in text
+    assert 'm.impl("crow_indices", torch::CppFunction::makeFromBoxedFunction<&::openreg::sparse_compressed_fallback>());' in text
+    blocked = load(write(tmp_path, "cpp_namespace: n\nfallback:\n  blocklist:\n    - {op: _pin_memory, reason: pinned}\n"))
+    assert "_pin_memory" not in {str(f.func.name) for f in blocked.fallback.sparse_ops}
+    assert "_pin_memory" in {str(f.func.name) for f in cfg.fallback.sparse_ops}
+    off = generate(load(write(tmp_path, "cpp_namespace: n\nfallback:\n  sparse: false\n")))["RegisterRoutes.cpp"]
+    assert off.count("&::openreg::refuse_sparse") == 2 and "&::openreg::sparse_fallback" not in off
+    with pytest.raises(YamlError, match="'sparse: true' needs 'global: true'"):
+        load(write(tmp_path, "cpp_namespace: n\nfallback:\n  global: false\n  nested: false\n  sparse: true\n"))
 
 
 def test_nested_fallback_is_registered_for_the_key_and_over_composites(tmp_path):

@@ -2,7 +2,8 @@
 // Do not edit: change the yaml and rebuild.
 //
 // What the yaml decides beyond single kernels: the fallbacks (routes
-// `fallback`, `blocked`, `nested_fallback`, `nested_blocked`), and the route
+// `fallback`, `blocked`, `nested_fallback`, `nested_blocked`, `sparse_fallback`,
+// `sparse_blocked`), and the route
 // table csrc/aten/OpenRegRoutes.h keeps, which the fallback, `python -m
 // torch_openreg info` and the coverage report read.
 #include <torch/library.h>
@@ -15,6 +16,7 @@ namespace {
 const ::openreg::RouteRegistration registration({
     /*global_fallback=*/false,
     /*nested_fallback=*/false,
+    /*sparse_fallback=*/false,
     // Every operator and stub the yaml binds, with its route and the function
     // that serves it (a blocked operator: its reason).
     /*bindings=*/{
@@ -266,7 +268,7 @@ const ::openreg::RouteRegistration registration({
 } // namespace
 
 // The global CPU fallback is off (fallback.global: false): operators without an
-// openreg kernel, and every operator on a nested tensor, raise torch's
+// openreg kernel, and every operator on a nested or sparse tensor, raise torch's
 // "Could not run ..." error.
 
 // The CPU fallback for single operators (fallback.ops), and the operators that
