@@ -11,6 +11,8 @@ seconds).
 import gc
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -217,3 +219,39 @@ def test_cpu_package_refuses_openreg_inputs_naming_both_devices(packages):
     on_cpu = torch._inductor.aoti_load_package(cpu_path)
     with pytest.raises(RuntimeError, match=r"compiled for cpu, and its input 0 is on openreg:0"):
         on_cpu(torch.randn(4, 16, device="openreg"))
+
+
+@pytest.fixture(scope="module")
+def run_package(tmp_path_factory):
+    """examples/aoti/run_package, built against this torch and torch_openreg."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = str(tmp_path_factory.mktemp("example") / "run_package")
+    # build.py links the torch_openreg this process imported.
+    import torch_openreg
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(torch_openreg.__file__)))
+    built = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "aoti", "build.py"), output],
+        capture_output=True, text=True, env=env,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return output
+
+
+def test_cpp_example_runs_the_package_on_openreg_without_python(packages, run_package):
+    _, openreg_path, cpu_path = packages
+    ran = subprocess.run([run_package, openreg_path], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "device openreg"
+    outputs = [
+        torch.tensor([float(v) for v in values.split()])
+        for header, values in zip(lines[1::2], lines[2::2])
+        if header.startswith("output openreg:0")
+    ]
+    # The same input on the CPU package (run_package.cpp).
+    x = (torch.arange(64, dtype=torch.float32).reshape(4, 16) / 10)
+    want = torch._inductor.aoti_load_package(cpu_path)(x)
+    assert len(outputs) == len(want)
+    for got, w in zip(outputs, want):
+        assert torch.equal(got, w.flatten())  # 9 significant digits print a float exactly

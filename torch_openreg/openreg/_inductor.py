@@ -35,8 +35,9 @@ Since the kernels are CPU kernels, ``register`` also gives openreg graphs the
 lowering choices Inductor makes for the CPU (``_inductor_lowering``), so that a graph
 compiles to the kernels it compiles to on the CPU.
 
-The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) and the FX wrapper
-(``fx_wrapper=True``) are refused with an explanation: see ``OpenRegCppWrapperCodegen``.
+The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) is
+``OpenRegCppWrapperCodegen`` (docs/aoti.md); the FX wrapper (``fx_wrapper=True``) is
+refused with an explanation.
 """
 
 from __future__ import annotations
@@ -299,7 +300,9 @@ static F function(const char* name) {
     }();
     void* found = lookup(name);
     if (found == nullptr) {
-        throw std::runtime_error(std::string("openreg: torch_openreg._C has no ") + name + ": rebuild torch_openreg");
+        throw std::runtime_error(
+            std::string("openreg: torch_openreg._C has no ") + name +
+            " (an operator without an openreg C shim, docs/aoti.md, or a torch_openreg older than this code)");
     }
     return reinterpret_cast<F>(found);
 }
