@@ -8,8 +8,9 @@
 // only "cpu", "cuda", "xpu" and "mps" in its device string
 // (parse_device_str), so the runner hands it "cpu:<index>"; the openreg C++
 // wrapper's model constructor then sets the model's device type to
-// PrivateUse1 (torch_openreg/openreg/_inductor.py, OpenRegAotiWrapperCodegen),
-// so its buffers and constants are openreg tensors on device <index>.
+// PrivateUse1 (torch_openreg/openreg/_inductor.py, OpenRegCppWrapperCodegen):
+// its buffers are openreg tensors on device <index>, and its first run copies
+// its constants there.
 //
 // It also replaces torch's runner of CPU packages by one that refuses openreg
 // inputs: a CPU package's kernels would read their device addresses, which

@@ -384,14 +384,18 @@ static void constants_to_device(ConstantMap& map, Constants& constants, NameOf n
 
 
 class OpenRegCppWrapperCodegen(CppWrapperCpu):
-    """Inductor's C++ wrapper (``cpp_wrapper=True``) for openreg graphs.
+    """Inductor's C++ wrapper for openreg graphs: ``cpp_wrapper=True``, and the
+    models of AOTInductor packages (docs/aoti.md).
 
-    Torch's CPU C++ wrapper with two changes. Buffers are allocated on openreg
+    Torch's CPU C++ wrapper with these changes. Buffers are allocated on openreg
     (``aoti_torch_empty_strided`` with PrivateUse1's device type, which
     ``register`` adds to ``DEVICE_TO_ATEN``). Each C++ kernel is called through
     ``openreg_inductor::launch`` (``_CPP_WRAPPER_LAUNCH``) instead of with
     ``data_ptr()``s: openreg hands it the kernel addresses of its tensors and
-    queues it on the stream, as the Python wrapper's bindings do.
+    queues it on the stream, as the Python wrapper's bindings do. Extern
+    kernels call openreg's C shims (``get_c_shim_func_name``). An AOTInductor
+    model is made an openreg model (``codegen_model_constructor``) whose
+    constants move to the device at its first run (``_write_constants_unpacking``).
     """
 
     @staticmethod
@@ -427,12 +431,12 @@ class OpenRegCppWrapperCodegen(CppWrapperCpu):
         # accepts only torch's own devices (parse_device_str in
         # torch/csrc/inductor/aoti_runtime/model_base.h): openreg's runner
         # (csrc/aten/OpenRegAotiRunner.cpp) passes "cpu:<index>", and the model
-        # is an openreg model from here on: its constants are created as
-        # openreg tensors (load_constants), and its device type is what
-        # the runner and the constant-update APIs see.
+        # is an openreg model from here on (its device type is what the
+        # runner and the constant-update APIs see).
         closing = self.prefix._lines.pop()
         assert closing == "}", closing
-        # Constants are loaded as CPU tensors (constants_to_device).
+        # Its constants are loaded as CPU tensors, which the first run copies
+        # to the device (constants_to_device in _CPP_WRAPPER_LAUNCH).
         for i, line in enumerate(self.prefix._lines):
             if isinstance(line, str) and re.fullmatch(r"\s*constants_info_\[\d+\]\.device_type = cached_torch_device_type_privateuse1;", line):
                 self.prefix._lines[i] = line.replace("cached_torch_device_type_privateuse1", "aoti_torch_device_type_cpu()")
