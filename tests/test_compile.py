@@ -455,23 +455,10 @@ def test_channels_last_convolution_traces_with_aot_eager_and_export():
             torch.testing.assert_close(got.cpu(), w)
 
 
-@pytest.mark.parametrize(
-    "option, words",
-    [("cpp_wrapper", "C++ wrapper"), ("fx_wrapper", "FX wrapper")],
-)
-def test_unsupported_wrappers_are_refused_with_what_to_use_instead(option, words):
+def test_fx_wrapper_is_refused_with_what_to_use_instead():
+    # (The C++ wrapper is supported: tests/test_aoti.py.)
     x = torch.randn(4, device="openreg")
-    with inductor_config.patch({option: True}):
-        with pytest.raises(InductorError, match=re.escape(f"openreg: torch.compile with the {words}")) as info:
+    with inductor_config.patch(fx_wrapper=True):
+        with pytest.raises(InductorError, match=re.escape("openreg: torch.compile with the FX wrapper")) as info:
             torch.compile(lambda t: t.sin() + 1)(x)
     assert 'backend="aot_eager"' in str(info.value)
-
-
-def test_aot_inductor_is_refused_with_what_to_use_instead():
-    class Model(torch.nn.Module):
-        def forward(self, x):
-            return x.sin() + 1
-
-    exported = torch.export.export(Model(), (torch.randn(4, device="openreg"),))
-    with pytest.raises(InductorError, match="openreg: .*AOTInductor.*not supported"):
-        torch._inductor.aoti_compile_and_package(exported)

@@ -6,10 +6,10 @@ CodeTemplate); the modules compute what varies.
 
 from __future__ import annotations
 
-from codegen.emit import cpu_kernels, custom_ops, kernels, native_functions, routes, stubs, structured
+from codegen.emit import cpu_kernels, custom_ops, inductor_shims, kernels, native_functions, routes, stubs, structured
 from codegen.model import BackendConfig
 
-EMITTERS = (native_functions, kernels, structured, cpu_kernels, stubs, custom_ops, routes)
+EMITTERS = (native_functions, kernels, structured, cpu_kernels, stubs, custom_ops, routes, inductor_shims)
 
 
 def generate(cfg: BackendConfig) -> dict[str, str]:

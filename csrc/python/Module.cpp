@@ -34,6 +34,7 @@
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegGpuTrace.h"
 #include "aten/OpenRegHostAllocator.h"
+#include "aten/OpenRegInductorLaunch.h"
 #include "aten/OpenRegIpc.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegCpuAlias.h"
@@ -635,6 +636,9 @@ PYBIND11_MODULE(_C, m) {
         "The arguments of an Inductor kernel, openreg tensors as CPU aliases, and where the kernel launches.");
   m.def("_launch_host_kernel_address", [] { return reinterpret_cast<uintptr_t>(&openreg_launch_host_kernel); },
         "The address of openreg_launch_host_kernel, for Inductor kernels' bindings.");
+  m.def("_inductor_function_address",
+        [] { return reinterpret_cast<uintptr_t>(&openreg_inductor_function); },
+        "The address of openreg_inductor_function, for Inductor's C++ wrapper.");
   m.add_object("_empty_strided", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr())));
   // Sharing storages between processes (torch_openreg/openreg/ipc.py).
   py::class_<openreg::ipc::SentStorage, std::shared_ptr<openreg::ipc::SentStorage>>(m, "_IpcSentStorage")

@@ -42,7 +42,7 @@ def test_project_yaml_binds_every_required_operator():
 
 def test_second_run_rewrites_nothing(tmp_path):
     first = run(FIXTURE, str(tmp_path))
-    assert len(first) == 10
+    assert len(first) == 11
     mtimes = {p: os.stat(p).st_mtime_ns for p in first}
     assert run(FIXTURE, str(tmp_path)) == []
     assert {p: os.stat(p).st_mtime_ns for p in first} == mtimes

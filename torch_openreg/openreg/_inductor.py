@@ -35,13 +35,15 @@ Since the kernels are CPU kernels, ``register`` also gives openreg graphs the
 lowering choices Inductor makes for the CPU (``_inductor_lowering``), so that a graph
 compiles to the kernels it compiles to on the CPU.
 
-The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) and the FX wrapper
-(``fx_wrapper=True``) are refused with an explanation: see ``OpenRegCppWrapperCodegen``.
+The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) is
+``OpenRegCppWrapperCodegen`` (docs/aoti.md); the FX wrapper (``fx_wrapper=True``) is
+refused with an explanation.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -53,6 +55,8 @@ from torch._inductor.codegen.common import (
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.async_compile import get_compile_threads
 from torch._inductor.codecache import CppPythonBindingsCodeCache, LambdaFuture
+from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.exc import CppWrapperCodegenError
@@ -245,15 +249,6 @@ class OpenRegWrapperCodegen(_OpenRegKernelCalls, PythonWrapperCodegen):
         self.imports.writeline(_IMPORTS)
 
 
-_CPP_WRAPPER_MESSAGE = (
-    "openreg: torch.compile with the C++ wrapper (torch._inductor.config.cpp_wrapper=True, "
-    "also used by AOTInductor: torch._inductor.aoti_compile_and_package / aot_compile) is not "
-    "supported on openreg with torch 2.13. The C++ wrapper passes tensor data pointers straight "
-    "to the kernels, and an openreg data pointer is a device address that CPU code cannot "
-    "read; only the Python wrapper routes kernel arguments through openreg's CPU aliases. "
-    "Use the default Python wrapper (cpp_wrapper=False), or backend=\"aot_eager\"."
-)
-
 _FX_WRAPPER_MESSAGE = (
     "openreg: torch.compile with the FX wrapper (torch._inductor.config.fx_wrapper=True) is "
     "not supported on openreg with torch 2.13: it only launches Triton kernels, and openreg "
@@ -262,20 +257,241 @@ _FX_WRAPPER_MESSAGE = (
 )
 
 
-class OpenRegCppWrapperCodegen(PythonWrapperCodegen):
-    """Refuses ``cpp_wrapper=True`` with an explanation.
+# Included by the C++ wrapper after torch's CPU header (get_device_include_path_jit):
+# how the wrapper reaches openreg. Its C++ kernels are called through
+# openreg_inductor::launch, and its extern kernels through openreg's C shims
+# (aoti_torch_openreg_<op>, defined with OPENREG_C_SHIM by the wrapper as it uses
+# them); both are found by name with openreg_inductor_function
+# (csrc/aten/OpenRegInductorLaunch.h). The wrapper is built without openreg's
+# headers or library: a program that linked torch_openreg._C has that function in
+# its global scope (dlsym), and in Python, which loads _C privately, its address
+# travels through the environment, as for the Python wrapper's bindings
+# (_LAUNCH_ENV); register() sets it.
+_FUNCTIONS_ENV = "_OPENREG_INDUCTOR_FUNCTIONS"
+_CPP_WRAPPER_LAUNCH = """
+// openreg (torch_openreg/openreg/_inductor.py): a C++ kernel is called with the
+// kernel addresses of its openreg tensors and queued on the current stream of
+// their device, like an eager openreg kernel (csrc/aten/OpenRegInductorLaunch.h).
+#include <dlfcn.h>
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+namespace openreg_inductor {
+typedef void* (*function_lookup)(const char*);
+typedef void (*closure_fn)(void*);
+typedef void (*launch_fn)(closure_fn, void*, closure_fn);
+typedef const char* (*kernel_pointers_fn)(const char*, void* const*, int64_t, void**);
+template <typename F>
+static F function(const char* name) {
+    static const function_lookup lookup = [] {
+        if (void* found = dlsym(RTLD_DEFAULT, "openreg_inductor_function")) {
+            return reinterpret_cast<function_lookup>(found);
+        }
+        const char* address = std::getenv("%(env)s");
+        if (address == nullptr) {
+            throw std::runtime_error(
+                "openreg: import torch_openreg (or link torch_openreg's _C library) before running code "
+                "compiled for openreg");
+        }
+        return reinterpret_cast<function_lookup>(std::strtoull(address, nullptr, 10));
+    }();
+    void* found = lookup(name);
+    if (found == nullptr) {
+        throw std::runtime_error(
+            std::string("openreg: torch_openreg._C has no ") + name +
+            " (an operator without an openreg C shim, docs/aoti.md, or a torch_openreg older than this code)");
+    }
+    return reinterpret_cast<F>(found);
+}
+// body(p) calls the kernel with p[i], the kernel address of tensors[i]; `name` is a literal.
+template <size_t N, typename F>
+static void launch(const char* name, const std::array<AtenTensorHandle, N>& tensors, F body) {
+    static const kernel_pointers_fn kernel_pointers = function<kernel_pointers_fn>("openreg_inductor_kernel_pointers");
+    static const launch_fn launch_host_kernel = function<launch_fn>("openreg_launch_host_kernel");
+    struct Closure {
+        std::array<void*, N> pointers;
+        F body;
+        static void run(void* self) {
+            Closure* closure = static_cast<Closure*>(self);
+            closure->body(closure->pointers.data());
+        }
+        static void release(void* self) {
+            delete static_cast<Closure*>(self);
+        }
+    };
+    Closure* closure = new Closure{{}, std::move(body)};
+    const char* error = kernel_pointers(
+        name, reinterpret_cast<void* const*>(tensors.data()), static_cast<int64_t>(N), closure->pointers.data());
+    if (error != nullptr) {
+        delete closure;
+        throw std::runtime_error(error);
+    }
+    launch_host_kernel(&Closure::run, closure, &Closure::release);
+}
+// AOTInductor models: torch 2.13 cannot make a model's constants openreg tensors
+// (aoti_torch_create_tensor_from_blob_v2 returns no tensor for PrivateUse1, and
+// AOTInductorModelBase::load_constants keeps non-CUDA constants in host memory),
+// so the model loads them as CPU tensors and its first run replaces each by an
+// openreg copy in the model's constant map (OpenRegCppWrapperCodegen).
+template <typename ConstantMap, typename Constants, typename NameOf>
+static void constants_to_device(ConstantMap& map, Constants& constants, NameOf name_of, int32_t device_index) {
+    static std::mutex* mutex = new std::mutex;
+    const int32_t openreg = aoti_torch_device_type_privateuse1();
+    std::lock_guard<std::mutex> lock(*mutex);
+    for (size_t i = 0; i < constants.size(); ++i) {
+        AtenTensorHandle constant = constants[i];
+        if (constant == nullptr) {
+            continue;
+        }
+        int32_t device_type = 0;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(constant, &device_type));
+        if (device_type == openreg) {
+            continue;
+        }
+        int64_t ndim = 0;
+        int64_t* sizes = nullptr;
+        int64_t* strides = nullptr;
+        int32_t dtype = 0;
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(constant, &ndim));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(constant, &sizes));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(constant, &strides));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(constant, &dtype));
+        AtenTensorHandle copy = nullptr;
+        AOTI_TORCH_ERROR_CODE_CHECK(
+            aoti_torch_empty_strided(ndim, sizes, strides, dtype, openreg, device_index, &copy));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_copy_(copy, constant, 0));
+        auto entry = map.find(name_of(i));
+        if (entry == map.end()) {
+            AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_delete_tensor_object(copy));
+            throw std::runtime_error(std::string("openreg: constant ") + name_of(i) + " is not in the model's constant map");
+        }
+        entry->second = torch::aot_inductor::RAIIAtenTensorHandle(copy);  // frees the CPU tensor
+        constants[i] = torch::aot_inductor::ConstantHandle(copy);
+    }
+}
+} // namespace openreg_inductor
+// aoti_torch_openreg_<op>, with the signature of torch's CPU shim of the operator.
+#define OPENREG_C_SHIM(op)                                                          \\
+    ([]() {                                                                         \\
+        static const auto shim =                                                    \\
+            openreg_inductor::function<decltype(&aoti_torch_cpu_##op)>("aoti_torch_openreg_" #op); \\
+        return shim;                                                                \\
+    }())
+""" % {"env": _FUNCTIONS_ENV}
 
-    Without it, Inductor fails later and obscurely: an assertion that openreg is not
-    in ``DEVICE_TO_ATEN``, then a C++ compile error for the missing
-    ``torch/csrc/inductor/cpp_wrapper/openreg.h``, and past those the kernels would
-    read device addresses.
+
+class OpenRegCppWrapperCodegen(CppWrapperCpu):
+    """Inductor's C++ wrapper for openreg graphs: ``cpp_wrapper=True``, and the
+    models of AOTInductor packages (docs/aoti.md).
+
+    Torch's CPU C++ wrapper with these changes. Buffers are allocated on openreg
+    (``aoti_torch_empty_strided`` with PrivateUse1's device type, which
+    ``register`` adds to ``DEVICE_TO_ATEN``). Each C++ kernel is called through
+    ``openreg_inductor::launch`` (``_CPP_WRAPPER_LAUNCH``) instead of with
+    ``data_ptr()``s: openreg hands it the kernel addresses of its tensors and
+    queues it on the stream, as the Python wrapper's bindings do. Extern
+    kernels call openreg's C shims (``get_c_shim_func_name``). An AOTInductor
+    model is made an openreg model (``codegen_model_constructor``) whose
+    constants move to the device at its first run (``_write_constants_unpacking``).
     """
 
-    supports_caching = False
+    @staticmethod
+    def create(
+        is_subgraph: bool,
+        subgraph_name: str | None,
+        parent_wrapper: PythonWrapperCodegen | None,
+        partition_signatures: Any = None,
+    ) -> PythonWrapperCodegen:
+        return OpenRegCppWrapperCodegen()
 
     @staticmethod
-    def create(*args: Any, **kwargs: Any) -> PythonWrapperCodegen:
-        raise CppWrapperCodegenError(_CPP_WRAPPER_MESSAGE)
+    def get_device_include_path_jit(device: str) -> str:
+        if device != "openreg":
+            return CppWrapperCpu.get_device_include_path_jit(device)
+        return CppWrapperCpu.get_device_include_path_jit("cpu") + "\n" + _CPP_WRAPPER_LAUNCH
+
+    @staticmethod
+    def get_device_include_path_aot(device: str) -> str:
+        if device != "openreg":
+            return CppWrapperCpu.get_device_include_path_aot(device)
+        return CppWrapperCpu.get_device_include_path_aot("cpu") + "\n" + _CPP_WRAPPER_LAUNCH
+
+    def codegen_model_constructor(self) -> None:
+        # The constructor's check of the constants' device compares them with
+        # self.device, the CPU (which elsewhere picks the CPU's compile options).
+        self.device = "openreg"
+        try:
+            super().codegen_model_constructor()
+        finally:
+            self.device = "cpu"
+        # AOTInductorModelBase's constructor parsed the device string, which
+        # accepts only torch's own devices (parse_device_str in
+        # torch/csrc/inductor/aoti_runtime/model_base.h): openreg's runner
+        # (csrc/aten/OpenRegAotiRunner.cpp) passes "cpu:<index>", and the model
+        # is an openreg model from here on (its device type is what the
+        # runner and the constant-update APIs see).
+        closing = self.prefix._lines.pop()
+        assert closing == "}", closing
+        # Its constants are loaded as CPU tensors, which the first run copies
+        # to the device (constants_to_device in _CPP_WRAPPER_LAUNCH).
+        for i, line in enumerate(self.prefix._lines):
+            if isinstance(line, str) and re.fullmatch(r"\s*constants_info_\[\d+\]\.device_type = cached_torch_device_type_privateuse1;", line):
+                self.prefix._lines[i] = line.replace("cached_torch_device_type_privateuse1", "aoti_torch_device_type_cpu()")
+        with self.prefix.indent():
+            self.prefix.writeline("device_type_ = aoti_torch_device_type_privateuse1();")
+            # No index in the device string: openreg:0, as an openreg tensor
+            # made without an index is (the runner names the index it was given).
+            self.prefix.writeline("if (device_idx_ < 0) { device_idx_ = 0; }")
+        self.prefix.writeline(closing)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._openreg_c_shims: set[str] = set()
+
+    def get_c_shim_func_name(self, kernel: str, device: str) -> str:  # type: ignore[override]
+        # An extern kernel of an openreg graph: torch's name for the shim of
+        # a device, defined here on first use (OPENREG_C_SHIM).
+        name = CppWrapperCpu.get_c_shim_func_name(kernel, device)
+        prefix = "aoti_torch_openreg_"
+        if name.startswith(prefix) and name not in self._openreg_c_shims:
+            self._openreg_c_shims.add(name)
+            self.header.writeline(f"#define {name} OPENREG_C_SHIM({name.removeprefix(prefix)})")
+        return name
+
+    def _write_constants_unpacking(self) -> None:
+        if V.graph.constants:
+            self.prefix.writeline_aot(
+                "openreg_inductor::constants_to_device(*constants_map_, *constants_, "
+                "[this](size_t i) { return std::string(this->constant_name(static_cast<int64_t>(i))); }, "
+                "this->device_idx_);"
+            )
+        super()._write_constants_unpacking()
+
+    def _generate_kernel_call_helper(
+        self, kernel_name: str, call_args: list[str], *, device: Any = None, triton: bool = True,
+        arg_types: Any = None, **kwargs: Any,
+    ) -> None:
+        if triton or arg_types is None:
+            return super()._generate_kernel_call_helper(
+                kernel_name, call_args, device=device, triton=triton, arg_types=arg_types, **kwargs
+            )
+        # As CppWrapperCpu does, a pointer argument is a tensor handle (it passes
+        # `(float*)(buf0.data_ptr())`); here its address comes from openreg.
+        tensors: list[str] = []
+        args: list[str] = []
+        for arg, arg_type in zip(call_args, arg_types):
+            if isinstance(arg_type, str) and "*" in arg_type:
+                args.append(f"({arg_type})(p[{len(tensors)}])")
+                tensors.append(f"{arg}.get()")
+            else:
+                args.append(str(arg))
+        self.writeline(
+            f"openreg_inductor::launch<{len(tensors)}>(\"{kernel_name}\", {{{', '.join(tensors)}}}, "
+            f"[=](void* const* p) {{ {kernel_name}({', '.join(args)}); }});"
+        )
 
 
 class OpenRegFxWrapperCodegen(PythonWrapperCodegen):
@@ -360,11 +576,39 @@ def _count_openreg_nodes_as_cpu_nodes() -> None:
     BaseSchedulerNode.is_cpu = is_cpu  # type: ignore[method-assign]
 
 
+def _precompile_the_cpu_header_for_openreg() -> None:
+    """AOTInductor precompiles the wrapper's device header before building a
+    model (``config.aot_inductor.precompile_headers``), named after the device
+    (``codecache._get_cpp_wrapper_header``: torch/csrc/inductor/aoti_include/<device>.h),
+    which torch has for its own devices only. openreg's wrapper includes the
+    CPU's header (``OpenRegCppWrapperCodegen.get_device_include_path_aot``), so
+    the CPU's is the one to precompile."""
+    from torch._inductor import codecache
+
+    original = codecache._get_cpp_wrapper_header
+    if getattr(original, "_openreg", False):
+        return
+
+    def _get_cpp_wrapper_header(device: str, aot_mode: bool = False) -> str:
+        if device.split(":", maxsplit=1)[0] == "openreg":
+            device = "cpu"
+        return original(device, aot_mode)
+
+    _get_cpp_wrapper_header._openreg = True  # type: ignore[attr-defined]
+    codecache._get_cpp_wrapper_header = _get_cpp_wrapper_header
+
+
 def register() -> None:
     """Makes ``openreg`` a device Inductor generates code for."""
     _count_openreg_nodes_as_cpu_nodes()
+    _precompile_the_cpu_header_for_openreg()
     _inductor_lowering.register()
     register_device_op_overrides("openreg", OpenRegDeviceOpOverrides())
+    # The C++ wrapper names a device by its ATen type (CppWrapperCpu.codegen_device):
+    # at::kPrivateUse1 becomes aoti_torch_device_type_privateuse1() in its allocations.
+    DEVICE_TO_ATEN.setdefault("openreg", "at::kPrivateUse1")
+    os.environ[_LAUNCH_ENV] = str(_C._launch_host_kernel_address())
+    os.environ[_FUNCTIONS_ENV] = str(_C._inductor_function_address())
     register_backend_for_device(
         "openreg",
         OpenRegScheduling,

@@ -1,0 +1,257 @@
+"""AOTInductor packages and Inductor's C++ wrapper (cpp_wrapper=True) on openreg.
+
+The C++ wrapper calls each generated C++ kernel through openreg (kernel addresses
+of its tensors, queued on the stream: docs/aoti.md) and each extern kernel through
+openreg's C shims, which dispatch to openreg's kernels. The oracle is the same graph
+compiled for the CPU: it runs the same C++ kernels and the same BLAS calls, so the
+results are bitwise equal. Packages are compiled once per module (a compile costs
+seconds).
+"""
+
+import gc
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config as inductor_config
+from torch._inductor import metrics
+from torch._inductor.utils import run_and_get_code
+
+LAUNCH = "openreg_inductor::launch<"
+
+
+class Model(torch.nn.Module):
+    """Generated kernels (bias, GELU, sum), extern kernels (addmm) and constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.fc1(x))
+        return self.fc2(h * 2 + 1).softmax(-1), x.sin().sum(0)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    """(model on CPU, openreg package path, CPU package path) of one Model."""
+    torch.manual_seed(0)
+    model = Model().eval()
+    x = torch.randn(4, 16)
+    directory = tmp_path_factory.mktemp("aoti")
+    paths = {}
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
+        for device in ("openreg", "cpu"):
+            exported = torch.export.export(model.to(device), (x.to(device),))
+            paths[device] = torch._inductor.aoti_compile_and_package(
+                exported, package_path=str(directory / f"model_{device}.pt2")
+            )
+    return model.cpu(), paths["openreg"], paths["cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compilation():
+    """Each test compiles for itself (no frames or FX graphs cached by another test);
+    compiled C++ is still reused from Inductor's on-disk cache."""
+    torch._dynamo.reset()
+    metrics.reset()
+    with inductor_config.patch(fx_graph_cache=False, cpp_wrapper=True), torch._functorch.config.patch(
+        enable_autograd_cache=False
+    ):
+        yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def compile_and_run(fn, *args):
+    out, sources = run_and_get_code(torch.compile(fn), *args)
+    return out, "\n".join(sources)
+
+
+def compiled_on_cpu(fn, *args):
+    torch._dynamo.reset()
+    return torch.compile(fn)(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def test_cpp_wrapper_runs_generated_kernels_on_device_memory():
+    def fn(x, y):
+        return (x * y + 1).relu().sum(0), (x - y).exp()
+
+    x_cpu, y_cpu = torch.randn(64, 33), torch.randn(33)
+    out, source = compile_and_run(fn, x_cpu.to("openreg"), y_cpu.to("openreg"))
+
+    assert metrics.generated_kernel_count >= 1
+    assert LAUNCH in source
+    assert "cached_torch_device_type_privateuse1" in source  # buffers on openreg
+    assert ".data_ptr()" not in source.split("cpp_wrapper_src", 1)[-1]  # no device address reaches a kernel
+    want = compiled_on_cpu(fn, x_cpu, y_cpu)
+    for got, w in zip(out, want):
+        assert got.device.type == "openreg"
+        assert torch.equal(got.cpu(), w)
+    for got, w in zip(out, fn(x_cpu, y_cpu)):
+        torch.testing.assert_close(got.cpu(), w)
+
+
+def test_cpp_wrapper_extern_kernels_dispatch_to_openreg():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    x_cpu = torch.randn(8, 16)
+    with torch.no_grad():
+        out, source = compile_and_run(model.to("openreg"), x_cpu.to("openreg"))
+        want = compiled_on_cpu(model.cpu(), x_cpu)
+
+    assert re.search(r"aoti_torch_openreg_(addmm|mm)_out\(", source)
+    assert "#define aoti_torch_openreg_addmm_out OPENREG_C_SHIM(addmm_out)" in source
+    assert torch.equal(out.cpu(), want)
+
+
+def test_cpp_wrapper_graph_on_second_device_allocates_there():
+    def fn(x):
+        return (x + 1).mul(x).sum(0)
+
+    x_cpu = torch.randn(10, 10)
+    out, source = compile_and_run(fn, x_cpu.to("openreg:1"))
+
+    assert re.search(r"aoti_torch_empty_strided\(.*cached_torch_device_type_privateuse1, 1,", source)
+    assert out.device == torch.device("openreg:1")
+    torch.testing.assert_close(out.cpu(), fn(x_cpu))
+
+
+def test_cpp_wrapper_kernel_runs_after_copies_queued_on_the_stream():
+    def fn(x):
+        return x * 3 + 1
+
+    compiled = torch.compile(fn)
+    compiled(torch.zeros(1024, device="openreg"))
+    src = torch.arange(1024, dtype=torch.float32).pin_memory()
+    dst = torch.zeros(1024, device="openreg")
+    torch.openreg._sleep(50)  # keeps the current stream busy ...
+    dst.copy_(src, non_blocking=True)  # ... so this copy is still queued behind it
+    out = compiled(dst)  # the kernel must run after the copy
+    torch.testing.assert_close(out.cpu(), src * 3 + 1)
+
+
+def test_cpp_wrapper_kernel_is_queued_on_the_stream_behind_queued_work():
+    # Like the Python wrapper's kernels (tests/test_compile.py): behind queued
+    # work the kernel is queued, and the call returns; with
+    # OPENREG_LAUNCH_BLOCKING=1 it runs before the call returns.
+    blocking = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") == "1"
+
+    def fn(x):
+        return (x.cos() * 2).relu()
+
+    compiled = torch.compile(fn)
+    x = torch.randn(256, 256, device="openreg")
+    compiled(x)
+    torch.openreg.synchronize()
+    stream = torch.openreg.current_stream()
+    queued = lambda: torch.openreg._C._stream_queued_count(stream.stream_id, stream.device_index)  # noqa: E731
+    torch.openreg._sleep(100)
+    count = queued()
+    out = compiled(x)
+    assert (queued() > count) is not blocking
+    torch.testing.assert_close(out.cpu(), fn(x.cpu()))
+
+
+def test_cpp_wrapper_mixes_cpu_and_openreg_tensors():
+    def fn(x, y):
+        return x.sin() + 1, y.cos()
+
+    x_cpu, y_cpu = torch.randn(32), torch.randn(32)
+    (a, b), _ = compile_and_run(fn, x_cpu.to("openreg"), y_cpu)
+    assert a.device.type == "openreg" and b.device.type == "cpu"
+    torch.testing.assert_close(a.cpu(), x_cpu.sin() + 1)
+    torch.testing.assert_close(b, y_cpu.cos())
+
+
+def test_aoti_package_runs_on_openreg_bitwise_equal_to_the_cpu_package(packages):
+    model, openreg_path, cpu_path = packages
+    x = torch.randn(4, 16)
+    on_openreg = torch._inductor.aoti_load_package(openreg_path)
+    on_cpu = torch._inductor.aoti_load_package(cpu_path)
+    assert on_openreg.loader.get_metadata()["AOTI_DEVICE_KEY"] == "openreg"
+
+    got = on_openreg(x.to("openreg"))
+    want = on_cpu(x)
+    with torch.no_grad():
+        eager = model(x)
+    for g, w, e in zip(got, want, eager):
+        assert g.device == torch.device("openreg:0")
+        assert torch.equal(g.cpu(), w)
+        torch.testing.assert_close(g.cpu(), e)
+    # A second run uses the constants the first copied to the device.
+    for g, w in zip(on_openreg(x.to("openreg")), want):
+        assert torch.equal(g.cpu(), w)
+
+
+def test_aoti_package_runs_after_copies_queued_on_the_stream(packages):
+    _, openreg_path, cpu_path = packages
+    on_openreg = torch._inductor.aoti_load_package(openreg_path)
+    on_openreg(torch.zeros(4, 16, device="openreg"))
+    src = torch.randn(4, 16).pin_memory()
+    dst = torch.zeros(4, 16, device="openreg")
+    torch.openreg._sleep(50)  # keeps the current stream busy ...
+    dst.copy_(src, non_blocking=True)  # ... so this copy is still queued behind it
+    got = on_openreg(dst)  # the model's kernels must run after the copy
+    want = torch._inductor.aoti_load_package(cpu_path)(src.clone())
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+
+
+def test_aoti_package_loads_on_the_device_index_it_is_given(packages):
+    _, openreg_path, cpu_path = packages
+    x = torch.randn(4, 16)
+    on_second = torch._inductor.aoti_load_package(openreg_path, device_index=1)
+    got = on_second(x.to("openreg:1"))
+    want = torch._inductor.aoti_load_package(cpu_path)(x)
+    for g, w in zip(got, want):
+        assert g.device == torch.device("openreg:1")
+        assert torch.equal(g.cpu(), w)
+
+
+def test_cpu_package_refuses_openreg_inputs_naming_both_devices(packages):
+    _, _, cpu_path = packages
+    on_cpu = torch._inductor.aoti_load_package(cpu_path)
+    with pytest.raises(RuntimeError, match=r"compiled for cpu, and its input 0 is on openreg:0"):
+        on_cpu(torch.randn(4, 16, device="openreg"))
+
+
+@pytest.fixture(scope="module")
+def run_package(tmp_path_factory):
+    """examples/aoti/run_package, built against this torch and torch_openreg."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = str(tmp_path_factory.mktemp("example") / "run_package")
+    # build.py links the torch_openreg this process imported.
+    import torch_openreg
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(torch_openreg.__file__)))
+    built = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "aoti", "build.py"), output],
+        capture_output=True, text=True, env=env,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return output
+
+
+def test_cpp_example_runs_the_package_on_openreg_without_python(packages, run_package):
+    _, openreg_path, cpu_path = packages
+    ran = subprocess.run([run_package, openreg_path], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "device openreg"
+    outputs = [
+        torch.tensor([float(v) for v in values.split()])
+        for header, values in zip(lines[1::2], lines[2::2])
+        if header.startswith("output openreg:0")
+    ]
+    # The same input on the CPU package (run_package.cpp).
+    x = (torch.arange(64, dtype=torch.float32).reshape(4, 16) / 10)
+    want = torch._inductor.aoti_load_package(cpu_path)(x)
+    assert len(outputs) == len(want)
+    for got, w in zip(outputs, want):
+        assert torch.equal(got, w.flatten())  # 9 significant digits print a float exactly
