@@ -11,6 +11,33 @@
 #include "aten/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
+namespace openreg {
+
+HostKernelOperands::HostKernelOperands(const char* name) {
+  launch_.name = name;
+}
+
+void HostKernelOperands::add(const at::Tensor& openreg_tensor) {
+  launch_.device = openreg_tensor.device().index();
+  launch_.work = std::max<int64_t>(launch_.work, openreg_tensor.numel());
+  if (std::find(devices_.begin(), devices_.end(), launch_.device) == devices_.end()) {
+    devices_.push_back(launch_.device);
+  }
+}
+
+void HostKernelOperands::launch(bool host_tensors) {
+  // Two devices: no one stream orders the kernel.
+  launch_.at_once = host_tensors || devices_.size() > 1;
+  if (launch_.at_once) {
+    for (const c10::DeviceIndex device : devices_) {
+      join_current_stream(device);
+    }
+  }
+  set_next_host_kernel(launch_);
+}
+
+} // namespace openreg
+
 extern "C" const char* openreg_inductor_kernel_pointers(
     const char* name,
     void* const* tensors,
@@ -18,10 +45,8 @@ extern "C" const char* openreg_inductor_kernel_pointers(
     void** pointers) {
   thread_local std::string error;
   try {
-    openreg::HostKernelLaunch launch;
-    launch.name = name;
+    openreg::HostKernelOperands operands(name);
     bool host_tensors = false;
-    c10::SmallVector<c10::DeviceIndex, 2> devices;
     for (int64_t i = 0; i < count; ++i) {
       // An AtenTensorHandle is an at::Tensor* (torch/csrc/inductor/aoti_torch/utils.h,
       // tensor_handle_to_tensor_pointer).
@@ -36,20 +61,9 @@ extern "C" const char* openreg_inductor_kernel_pointers(
         continue;
       }
       pointers[i] = openreg::orKernelAddress(t.data_ptr());
-      launch.device = t.device().index();
-      launch.work = std::max<int64_t>(launch.work, t.numel());
-      if (std::find(devices.begin(), devices.end(), launch.device) == devices.end()) {
-        devices.push_back(launch.device);
-      }
+      operands.add(t);
     }
-    // Two devices: no one stream orders the kernel.
-    launch.at_once = host_tensors || devices.size() > 1;
-    if (launch.at_once) {
-      for (const c10::DeviceIndex device : devices) {
-        openreg::join_current_stream(device);
-      }
-    }
-    openreg::set_next_host_kernel(launch);
+    operands.launch(host_tensors);
     return nullptr;
   } catch (const std::exception& e) {
     error = e.what();

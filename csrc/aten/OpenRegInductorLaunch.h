@@ -10,6 +10,33 @@
 
 #include <cstdint>
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include "aten/OpenRegLaunch.h"
+
+namespace openreg {
+
+// Where a generated kernel goes, from its tensors, for both wrappers (the
+// Python wrapper's _kernel_arguments in csrc/python, the C++ wrapper's
+// openreg_inductor_kernel_pointers): each openreg operand is add()ed, then
+// launch() sets the next openreg_launch_host_kernel of this thread: queued on
+// the current stream of the one device, or at once after joining the streams
+// involved when CPU tensors (host memory is not stream-ordered) or two devices
+// are among the operands.
+class HostKernelOperands {
+ public:
+  explicit HostKernelOperands(const char* name);
+  void add(const at::Tensor& openreg_tensor);
+  void launch(bool host_tensors);
+
+ private:
+  HostKernelLaunch launch_;
+  c10::SmallVector<c10::DeviceIndex, 2> devices_;
+};
+
+} // namespace openreg
+
 // For each of the `count` tensors (AtenTensorHandle, i.e. at::Tensor*), the
 // address the kernel reads: an openreg tensor's data at its kernel address
 // (orKernelAddress), any other tensor's data_ptr(). Sets where the next

@@ -368,24 +368,9 @@ py::list cpu_aliases(const py::sequence& args) {
 // profiles.
 py::list kernel_arguments(const std::string& name, const py::sequence& args) {
   static auto* names = new std::unordered_set<std::string>(); // leaked; the GIL guards it
-  openreg::HostKernelLaunch launch;
-  launch.name = names->insert(name).first->c_str();
-  std::vector<c10::DeviceIndex> devices;
-  auto [out, host_tensors] = with_cpu_aliases(args, [&](const at::Tensor& t) {
-    launch.device = t.device().index();
-    launch.work = std::max<int64_t>(launch.work, t.numel());
-    if (std::find(devices.begin(), devices.end(), launch.device) == devices.end()) {
-      devices.push_back(launch.device);
-    }
-  });
-  // Two devices: no one stream orders the kernel.
-  launch.at_once = host_tensors || devices.size() > 1;
-  if (launch.at_once) {
-    for (const c10::DeviceIndex device : devices) {
-      openreg::join_current_stream(device);
-    }
-  }
-  openreg::set_next_host_kernel(launch);
+  openreg::HostKernelOperands operands(names->insert(name).first->c_str());
+  auto [out, host_tensors] = with_cpu_aliases(args, [&](const at::Tensor& t) { operands.add(t); });
+  operands.launch(host_tensors);
   return out;
 }
 
