@@ -134,6 +134,11 @@ size_t segment_size(size_t rounded) {
   return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
+// How every out-of-memory error of the allocator ends.
+constexpr const char* kOomAdvice =
+    " Free tensors you no longer need, or set OPENREG_DEVICE_MEMORY (e.g. OPENREG_DEVICE_MEMORY=16G) before "
+    "starting Python to simulate a larger device.";
+
 std::string format_bytes(size_t bytes) {
   std::ostringstream os;
   os.precision(2);
@@ -618,9 +623,7 @@ class DeviceCache {
                               " This process may reserve ", format_bytes(allowed_),
                               " of it (set_per_process_memory_fraction(", fraction_, ")).")
                         : std::string(),
-        " Free tensors you no longer need, or set "
-        "OPENREG_DEVICE_MEMORY (e.g. OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger "
-        "device.");
+        kOomAdvice);
   }
 
   // Splits off the tail of a block much larger than `size` as a free block.
@@ -1027,13 +1030,8 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     TORCH_CHECK(
         !used, "change_current_allocator: can't swap an already initialized allocator: openreg has allocated "
         "device memory in this process. Change the allocator before the first openreg tensor is made.");
-    pluggable_ = std::make_unique<PluggableAllocator>(allocator);
-    pluggable_set_.store(true);
+    pluggable_.store(new PluggableAllocator(allocator)); // leaked: frees may come after static dtors
     update_bypass();
-  }
-
-  bool has_pluggable_allocator() const {
-    return pluggable_set_.load();
   }
 
  private:
@@ -1050,14 +1048,14 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
   };
 
   void update_bypass() {
-    bypass_cache_.store(!caching_enabled() || has_pluggable_allocator(), std::memory_order_relaxed);
+    bypass_cache_.store(!caching_enabled() || pluggable_.load() != nullptr, std::memory_order_relaxed);
   }
 
   c10::DataPtr allocate_external(c10::DeviceIndex device, size_t nbytes) {
     release_deferred_frees();
     const c10::Device where(c10::DeviceType::PrivateUse1, device);
     const c10::DeviceGuard guard(where);
-    const PluggableAllocator* via = has_pluggable_allocator() ? pluggable_.get() : nullptr;
+    const PluggableAllocator* via = pluggable_.load();
     const orStream_t stream = current_raw_stream(device);
     void* ptr = nullptr;
     if (via != nullptr) {
@@ -1089,8 +1087,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
         OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(nbytes), " with ", how,
         ". openreg:", static_cast<int>(device), " has a total capacity of ", format_bytes(total), " of which ",
         format_bytes(free),
-        " is free. Free tensors you no longer need, or set OPENREG_DEVICE_MEMORY (e.g. "
-        "OPENREG_DEVICE_MEMORY=16G) before starting Python to simulate a larger device.");
+        " is free.", kOomAdvice);
   }
 
   // What a pluggable allocator returns must be device memory of the device
@@ -1123,8 +1120,9 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     gpu_trace::memory_deallocation(record->ptr);
     OpenRegAllocator& self = allocator_instance();
     if (orInsideKernel()) {
-      // orFree waits for the device's streams, this worker's own among them:
-      // the next allocation or free outside the cache on a host thread frees it.
+      // orFree waits for the device's other streams, which may be waiting for
+      // this worker: the next allocation or free outside the cache on a host
+      // thread frees it.
       const std::lock_guard<std::mutex> lock(self.deferred_mutex_);
       self.deferred_frees_.push_back(record);
       return;
@@ -1158,8 +1156,7 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
 
   std::atomic<bool> bypass_cache_{false}; // caching off or a pluggable allocator: one load per allocation
   std::atomic<bool> caching_enabled_{true};
-  std::atomic<bool> pluggable_set_{false};
-  std::unique_ptr<PluggableAllocator> pluggable_; // set once, before any allocation
+  std::atomic<const PluggableAllocator*> pluggable_{nullptr}; // set once, before any allocation
   std::atomic<uint64_t> external_allocations_{0};
   std::mutex deferred_mutex_;
   std::vector<ExternalAllocation*> deferred_frees_; // freed by a stream's worker

@@ -423,16 +423,8 @@ bool is_cpu_visible(const c10::Storage& storage) {
 }
 
 bool is_sparse_layout(const at::TensorBase& t) {
-  switch (t.layout()) {
-    case c10::kSparse:
-    case c10::kSparseCsr:
-    case c10::kSparseCsc:
-    case c10::kSparseBsr:
-    case c10::kSparseBsc:
-      return true;
-    default:
-      return false;
-  }
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->is_sparse() || impl->is_sparse_compressed();
 }
 
 namespace {
