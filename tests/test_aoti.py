@@ -217,8 +217,21 @@ def test_aoti_package_loads_on_the_device_index_it_is_given(packages):
 def test_cpu_package_refuses_openreg_inputs_naming_both_devices(packages):
     _, _, cpu_path = packages
     on_cpu = torch._inductor.aoti_load_package(cpu_path)
+    torch.openreg.synchronize()
+    baseline = torch.openreg.memory_allocated()
     with pytest.raises(RuntimeError, match=r"compiled for cpu, and its input 0 is on openreg:0"):
         on_cpu(torch.randn(4, 16, device="openreg"))
+    # The refused input's handle is freed with it.
+    assert torch.openreg.memory_allocated() == baseline
+
+
+def test_openreg_package_refuses_cpu_inputs_naming_both_devices(packages):
+    _, openreg_path, _ = packages
+    on_openreg = torch._inductor.aoti_load_package(openreg_path)
+    with pytest.raises(RuntimeError, match=r"compiled for openreg \(loaded for openreg.*\), and its input 0 is on cpu"):
+        on_openreg(torch.randn(4, 16))
+    assert torch.equal(on_openreg(torch.ones(4, 16, device="openreg"))[0].cpu(),
+                       on_openreg(torch.ones(4, 16, device="openreg"))[0].cpu())
 
 
 @pytest.fixture(scope="module")

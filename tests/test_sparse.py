@@ -246,6 +246,24 @@ def test_copy_from_a_cpu_sparse_tensor_into_an_openreg_one():
     assert_same(dst, src)
 
 
+def test_copy_between_openreg_devices_and_back_to_cpu():
+    if torch.openreg.device_count() < 2:
+        pytest.skip("needs two openreg devices")
+    src = coo(seed=12)
+    dst = coo(nnz=2).to("openreg:1")
+    dst.copy_(src.to(DEV))  # as on CUDA: copy_ takes a source on another device
+    assert dst.device == torch.device("openreg", 1) and dst._values().device == dst.device
+    assert_same(dst, src)
+    back = coo(nnz=3)
+    back.copy_(dst)
+    assert back.device.type == "cpu" and back._values().device.type == "cpu"
+    assert_same(back.to(DEV), src)
+    csr = dense(4, 6).to_sparse_csr()
+    dst_csr = (csr * 2).to("openreg:1")  # CPU's CSR copy_ needs the same number of elements
+    dst_csr.copy_(csr.to(DEV))
+    assert_same(dst_csr, csr)
+
+
 # --- autograd ---
 
 

@@ -28,6 +28,27 @@
 
 namespace {
 
+// Raises `refusal(i, input)` for the first input `accepts` refuses, after
+// freeing every input handle: the model would have taken them over, and an
+// exception out of run_impl leaves them to nobody (the inputs' memory would
+// never be freed). An AtenTensorHandle is an at::Tensor* made with new
+// (torch/csrc/inductor/aoti_torch/utils.h, new_tensor_handle).
+template <typename Accepts, typename Refusal>
+void check_inputs(std::vector<AtenTensorHandle>& handles, Accepts accepts, Refusal refusal) {
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const at::Tensor& input = *reinterpret_cast<const at::Tensor*>(handles[i]);
+    if (!input.defined() || accepts(input)) {
+      continue;
+    }
+    const std::string message = refusal(i, input);
+    for (AtenTensorHandle handle : handles) {
+      delete reinterpret_cast<at::Tensor*>(handle);
+    }
+    handles.clear();
+    TORCH_CHECK(false, message);
+  }
+}
+
 std::string model_device(const std::string& device) {
   const auto colon = device.find(':');
   return colon == std::string::npos ? std::string("cpu") : "cpu" + device.substr(colon);
@@ -41,7 +62,27 @@ class OpenRegModelContainerRunner : public torch::inductor::AOTIModelContainerRu
       const std::string& device_str,
       const std::string& bin_dir,
       bool run_single_threaded)
-      : AOTIModelContainerRunner(model_so_path, num_models, model_device(device_str), bin_dir, run_single_threaded) {}
+      : AOTIModelContainerRunner(model_so_path, num_models, model_device(device_str), bin_dir, run_single_threaded),
+        device_(device_str) {}
+
+ protected:
+  // The generated kernels take every input for openreg memory: a CPU tensor's
+  // address would reach them as a device address.
+  std::vector<at::Tensor> run_impl(std::vector<AtenTensorHandle>& input_handles, void* stream_handle) override {
+    check_inputs(
+        input_handles, [](const at::Tensor& input) { return input.is_privateuseone(); },
+        [&](size_t i, const at::Tensor& input) {
+          return c10::str(
+              "This AOTInductor package was compiled for openreg (loaded for ", device_, "), and its input ", i,
+              " is on ", input.device(), ": its kernels read openreg memory only. Move the inputs with .to(\"",
+              device_, "\"), or compile a package from a program exported with ", input.device().type(),
+              " inputs.");
+        });
+    return AOTIModelContainerRunner::run_impl(input_handles, stream_handle);
+  }
+
+ private:
+  std::string device_;
 };
 
 std::unique_ptr<torch::inductor::AOTIModelContainerRunner> create_runner(
@@ -62,15 +103,14 @@ class CpuModelContainerRunner : public torch::inductor::AOTIModelContainerRunner
 
  protected:
   std::vector<at::Tensor> run_impl(std::vector<AtenTensorHandle>& input_handles, void* stream_handle) override {
-    for (size_t i = 0; i < input_handles.size(); ++i) {
-      // An AtenTensorHandle is an at::Tensor* (torch/csrc/inductor/aoti_torch/utils.h).
-      const at::Tensor& input = *reinterpret_cast<const at::Tensor*>(input_handles[i]);
-      TORCH_CHECK(
-          !input.defined() || !input.is_privateuseone(),
-          "This AOTInductor package was compiled for cpu, and its input ", i, " is on ", input.device(),
-          ": a CPU package's kernels cannot read openreg memory. Pass CPU tensors, or compile the "
-          "package from a program exported with openreg inputs to run it on openreg.");
-    }
+    check_inputs(
+        input_handles, [](const at::Tensor& input) { return !input.is_privateuseone(); },
+        [](size_t i, const at::Tensor& input) {
+          return c10::str(
+              "This AOTInductor package was compiled for cpu, and its input ", i, " is on ", input.device(),
+              ": a CPU package's kernels cannot read openreg memory. Pass CPU tensors, or compile the "
+              "package from a program exported with openreg inputs to run it on openreg.");
+        });
     return AOTIModelContainerRunnerCpu::run_impl(input_handles, stream_handle);
   }
 };

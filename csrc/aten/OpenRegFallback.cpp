@@ -170,6 +170,23 @@ const char* sparse_layout_of(const torch::jit::Stack& stack, size_t arguments) {
   return "sparse"; // a factory (layout=torch.sparse_coo, device="openreg")
 }
 
+// copy_ is the one operator whose tensors may be on two devices. torch's
+// sparse copy_ (copy_sparse_) moves the source's indices and values to the
+// destination's device; the CPU kernel sees CPU aliases only, so a source on
+// another openreg device is moved first, as .to() moves it.
+void move_copy_source(const c10::OperatorName& name, torch::jit::Stack& stack) {
+  static const c10::OperatorName copy{"aten::copy_", ""};
+  if (name != copy) {
+    return;
+  }
+  // copy_(Tensor(a!) self, Tensor src, bool non_blocking=False)
+  const at::Tensor& self = stack[stack.size() - 3].toTensor();
+  c10::IValue& src = stack[stack.size() - 2];
+  if (self.is_privateuseone() && src.toTensor().is_privateuseone() && src.toTensor().device() != self.device()) {
+    src = src.toTensor().to(self.device());
+  }
+}
+
 // Both sparse fallbacks: `key` the dispatch key served (for the trace),
 // `cpu_key` the CPU kernel's.
 void run_sparse_fallback(
@@ -187,6 +204,7 @@ void run_sparse_fallback(
         "layout that CPU serves for this operator), or run it on CPU tensors.");
   }
   const trace::Scope scope(name, Route::SparseFallback, key);
+  move_copy_source(name, *stack);
   run_on_cpu_aliases(
       op, stack, cpu_key,
       " got a sparse tensor, which openreg runs on the sparse CPU fallback only (torch's sparse CPU kernel "
