@@ -72,8 +72,9 @@ def reached(op) -> str:
 
 
 # Random ops are compared with CPU's stream of the same seed in
-# tests/test_generators.py; factories (arange, linspace) and sparse OpInfos
-# are checked by the tables below.
+# tests/test_generators.py; factories (arange, linspace) are checked by the
+# tables below; sparse OpInfos reach the sparse fallback, not these routes
+# (tests/test_opinfo.py and tests/test_sparse.py compare them).
 NOT_HERE = ("normal", "bernoulli", "multinomial", "arange", "linspace")
 OPINFOS = sorted(
     (
