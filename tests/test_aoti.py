@@ -8,6 +8,7 @@ results are bitwise equal. Packages are compiled once per module (a compile cost
 seconds).
 """
 
+import ctypes
 import gc
 import os
 import re
@@ -232,6 +233,72 @@ def test_openreg_package_refuses_cpu_inputs_naming_both_devices(packages):
         on_openreg(torch.randn(4, 16))
     assert torch.equal(on_openreg(torch.ones(4, 16, device="openreg"))[0].cpu(),
                        on_openreg(torch.ones(4, 16, device="openreg"))[0].cpu())
+
+
+class Shims:
+    """openreg's C shims called as the C++ wrapper calls them: looked up by name in
+    torch_openreg._C, given AtenTensorHandles (at::Tensor*) made by torch._C._aoti."""
+
+    def __init__(self):
+        import torch_openreg
+
+        self._lookup = ctypes.CDLL(torch_openreg._C.__file__).openreg_inductor_function
+        self._lookup.restype, self._lookup.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+        self._pointer = ctypes.pythonapi.PyCapsule_GetPointer
+        self._pointer.restype, self._pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        self._capsule = ctypes.pythonapi.PyCapsule_New
+        self._capsule.restype, self._capsule.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+    def function(self, name, *argtypes):
+        address = self._lookup(name.encode())
+        assert address, f"torch_openreg._C has no {name}"
+        return ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
+
+    def handle(self, tensor):
+        """A new handle of `tensor` (a new at::Tensor of the same TensorImpl)."""
+        return self._pointer(torch._C._aoti.unsafe_alloc_void_ptr_from_tensor(tensor), None)
+
+    def take(self, handle):
+        """The tensor of `handle`, which is freed."""
+        return torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(self._capsule(handle, None, None))
+
+
+def test_method_only_operators_have_c_shims():
+    """bernoulli_, view.dtype, set_ and resize_ have no at::<op> function; their shims
+    call the dispatcher entry (codegen/emit/inductor_shims.py)."""
+    shims = Shims()
+    void_p = ctypes.c_void_p
+    x = torch.arange(4, dtype=torch.float32, device="openreg")
+    view = shims.function("aoti_torch_openreg_view_dtype", void_p, ctypes.c_int32, ctypes.POINTER(void_p))
+    handle, out = shims.handle(x), void_p()
+    assert view(handle, 3, ctypes.byref(out)) == 0  # 3: c10::ScalarType::Int
+    assert torch.equal(shims.take(out.value).cpu(), x.cpu().view(torch.int32))
+    shims.take(handle)
+
+    bernoulli = shims.function("aoti_torch_openreg_bernoulli__float", void_p, ctypes.c_double, void_p)
+    z = torch.empty(1000, device="openreg")
+    handle = shims.handle(z)
+    torch.manual_seed(0)
+    assert bernoulli(handle, 0.5, None) == 0
+    shims.take(handle)
+    torch.manual_seed(0)
+    assert torch.equal(z.cpu(), torch.empty(1000).bernoulli_(0.5))
+
+    set_ = shims.function("aoti_torch_openreg_set__source_Tensor", void_p, void_p)
+    target, source = torch.empty(0, device="openreg"), torch.randn(3, device="openreg")
+    handles = shims.handle(target), shims.handle(source)
+    assert set_(*handles) == 0
+    for h in handles:
+        shims.take(h)
+    assert target.data_ptr() == source.data_ptr() and torch.equal(target.cpu(), source.cpu())
+
+    resize = shims.function(
+        "aoti_torch_openreg_resize_", void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, void_p
+    )
+    handle = shims.handle(target)
+    assert resize(handle, (ctypes.c_int64 * 2)(2, 5), 2, None) == 0
+    shims.take(handle)
+    assert target.shape == (2, 5) and target.device.type == "openreg"
 
 
 @pytest.fixture(scope="module")

@@ -37,14 +37,18 @@ def shims() -> list[tuple[str, str, list[str]]]:
     for name, version_info in sorted(inductor_fallback_ops.items()):
         overload = name.removeprefix("aten.").removesuffix(".default")
         f = functions.get(overload)
-        # at::<op> exists for operators with a function variant; the few
-        # method-only ones (bernoulli_, set_, view, to_sparse) are not shimmed.
-        if f is None or Variant.function not in f.variants:
+        if f is None:
             continue
+        # at::<op> exists for operators with a function variant; the few
+        # method-only ones (bernoulli_, set_, view, to_sparse, resize_) are
+        # called through their dispatcher entry, whose arguments are the
+        # schema's, in the shim's order.
+        if Variant.function in f.variants:
+            call = gen_static_dispatch_backend_call(f, None)
+        else:
+            call = f"at::_ops::{f.func.name.unambiguous_name()}::call"
         try:
-            declarations, definitions = gen_declaration_and_definition(
-                f.func, DEVICE, gen_static_dispatch_backend_call(f, None), version_info
-            )
+            declarations, definitions = gen_declaration_and_definition(f.func, DEVICE, call, version_info)
         except NotImplementedError:  # an argument type torchgen's shims do not take
             continue
         names = re.findall(rf"\b(aoti_torch_{DEVICE}_\w+)\(", declarations)

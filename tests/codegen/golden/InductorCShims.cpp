@@ -61,6 +61,7 @@
 #include <ATen/ops/_scaled_mm.h>
 #include <ATen/ops/_segment_reduce_backward.h>
 #include <ATen/ops/_thnn_fused_lstm_cell.h>
+#include <ATen/ops/_to_sparse.h>
 #include <ATen/ops/_trilinear.h>
 #include <ATen/ops/_weight_int4pack_mm.h>
 #include <ATen/ops/_weight_int4pack_mm_with_scales_and_zeros.h>
@@ -80,6 +81,7 @@
 #include <ATen/ops/avg_pool3d.h>
 #include <ATen/ops/avg_pool3d_backward.h>
 #include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bernoulli.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/bucketize.h>
 #include <ATen/ops/cat.h>
@@ -146,21 +148,25 @@
 #include <ATen/ops/replication_pad1d_backward.h>
 #include <ATen/ops/replication_pad2d_backward.h>
 #include <ATen/ops/reshape.h>
+#include <ATen/ops/resize.h>
 #include <ATen/ops/resize_as.h>
 #include <ATen/ops/scatter.h>
 #include <ATen/ops/scatter_reduce.h>
 #include <ATen/ops/searchsorted.h>
 #include <ATen/ops/segment_reduce.h>
+#include <ATen/ops/set.h>
 #include <ATen/ops/slice.h>
 #include <ATen/ops/soft_margin_loss_backward.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/squeeze.h>
+#include <ATen/ops/to_sparse.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/triangular_solve.h>
 #include <ATen/ops/uniform.h>
 #include <ATen/ops/upsample_bicubic2d_backward.h>
 #include <ATen/ops/upsample_linear1d_backward.h>
 #include <ATen/ops/upsample_trilinear3d_backward.h>
+#include <ATen/ops/view.h>
 #include <ATen/ops/view_as_complex.h>
 #include <ATen/ops/view_as_real.h>
 
@@ -725,6 +731,15 @@ AOTITorchError aoti_torch_openreg__thnn_fused_lstm_cell(AtenTensorHandle input_g
     });
 }
 
+AOTITorchError aoti_torch_openreg__to_sparse(AtenTensorHandle self, int32_t* layout, const int64_t** blocksize, int64_t blocksize_len_, int64_t* dense_dim, AtenTensorHandle* ret0) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        auto tmp_result = at::_ops::_to_sparse::call(
+            resolve_tensor_dispatch_flags(self), pointer_to_optional<c10::Layout>(layout), pointer_to_optional_list<int64_t>(blocksize, blocksize_len_), pointer_to_optional<int64_t>(dense_dim)
+        );
+		*ret0 = new_tensor_handle(std::move(tmp_result));
+    });
+}
+
 AOTITorchError aoti_torch_openreg__trilinear(AtenTensorHandle i1, AtenTensorHandle i2, AtenTensorHandle i3, const int64_t* expand1, int64_t expand1_len_, const int64_t* expand2, int64_t expand2_len_, const int64_t* expand3, int64_t expand3_len_, const int64_t* sumdim, int64_t sumdim_len_, int64_t unroll_dim, AtenTensorHandle* ret0) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         auto tmp_result = at::_trilinear(
@@ -902,6 +917,24 @@ AOTITorchError aoti_torch_openreg_baddbmm_out(AtenTensorHandle out, AtenTensorHa
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::baddbmm_out(
             *tensor_handle_to_tensor_pointer(out), resolve_tensor_dispatch_flags(self), resolve_tensor_dispatch_flags(batch1), resolve_tensor_dispatch_flags(batch2), beta, alpha
+        );
+
+    });
+}
+
+AOTITorchError aoti_torch_openreg_bernoulli__Tensor(AtenTensorHandle self, AtenTensorHandle p, AtenGeneratorHandle* generator) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        at::_ops::bernoulli__Tensor::call(
+            *tensor_handle_to_tensor_pointer(self), resolve_tensor_dispatch_flags(p), pointer_to_optional<at::Generator>(generator)
+        );
+
+    });
+}
+
+AOTITorchError aoti_torch_openreg_bernoulli__float(AtenTensorHandle self, double p, AtenGeneratorHandle* generator) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        at::_ops::bernoulli__float::call(
+            *tensor_handle_to_tensor_pointer(self), p, pointer_to_optional<at::Generator>(generator)
         );
 
     });
@@ -1626,6 +1659,15 @@ AOTITorchError aoti_torch_openreg_reshape(AtenTensorHandle self, const int64_t* 
     });
 }
 
+AOTITorchError aoti_torch_openreg_resize_(AtenTensorHandle self, const int64_t* size, int64_t size_len_, int32_t* memory_format) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        at::_ops::resize_::call(
+            *tensor_handle_to_tensor_pointer(self), pointer_to_list<c10::SymInt>(size, size_len_), pointer_to_optional<c10::MemoryFormat>(memory_format)
+        );
+
+    });
+}
+
 AOTITorchError aoti_torch_openreg_resize_as_(AtenTensorHandle self, AtenTensorHandle the_template, int32_t* memory_format) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         at::resize_as_(
@@ -1689,6 +1731,15 @@ AOTITorchError aoti_torch_openreg_segment_reduce(AtenTensorHandle data, const ch
     });
 }
 
+AOTITorchError aoti_torch_openreg_set__source_Tensor(AtenTensorHandle self, AtenTensorHandle source) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        at::_ops::set__source_Tensor::call(
+            *tensor_handle_to_tensor_pointer(self), resolve_tensor_dispatch_flags(source)
+        );
+
+    });
+}
+
 AOTITorchError aoti_torch_openreg_slice_Tensor(AtenTensorHandle self, int64_t dim, int64_t* start, int64_t* end, int64_t step, AtenTensorHandle* ret0) {
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         auto tmp_result = at::slice_symint(
@@ -1731,6 +1782,15 @@ AOTITorchError aoti_torch_openreg_squeeze_dim(AtenTensorHandle self, int64_t dim
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         auto tmp_result = at::squeeze(
             resolve_tensor_dispatch_flags(self), dim
+        );
+		*ret0 = new_tensor_handle(std::move(tmp_result));
+    });
+}
+
+AOTITorchError aoti_torch_openreg_to_sparse(AtenTensorHandle self, int32_t* layout, const int64_t** blocksize, int64_t blocksize_len_, int64_t* dense_dim, AtenTensorHandle* ret0) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        auto tmp_result = at::_ops::to_sparse::call(
+            resolve_tensor_dispatch_flags(self), pointer_to_optional<c10::Layout>(layout), pointer_to_optional_list<int64_t>(blocksize, blocksize_len_), pointer_to_optional<int64_t>(dense_dim)
         );
 		*ret0 = new_tensor_handle(std::move(tmp_result));
     });
@@ -1787,6 +1847,15 @@ AOTITorchError aoti_torch_openreg_upsample_trilinear3d_backward(AtenTensorHandle
     AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
         auto tmp_result = at::upsample_trilinear3d_backward_symint(
             resolve_tensor_dispatch_flags(grad_output), pointer_to_list<c10::SymInt>(output_size, output_size_len_), pointer_to_list<c10::SymInt>(input_size, input_size_len_), align_corners, pointer_to_optional<double>(scales_d), pointer_to_optional<double>(scales_h), pointer_to_optional<double>(scales_w)
+        );
+		*ret0 = new_tensor_handle(std::move(tmp_result));
+    });
+}
+
+AOTITorchError aoti_torch_openreg_view_dtype(AtenTensorHandle self, int32_t dtype, AtenTensorHandle* ret0) {
+    AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+        auto tmp_result = at::_ops::view_dtype::call(
+            resolve_tensor_dispatch_flags(self), static_cast<c10::ScalarType>(dtype)
         );
 		*ret0 = new_tensor_handle(std::move(tmp_result));
     });
@@ -1867,6 +1936,7 @@ extern "C" void* openreg_inductor_function(const char* name) {
       {"aoti_torch_openreg__scaled_mm_out", reinterpret_cast<void*>(&aoti_torch_openreg__scaled_mm_out)},
       {"aoti_torch_openreg__segment_reduce_backward", reinterpret_cast<void*>(&aoti_torch_openreg__segment_reduce_backward)},
       {"aoti_torch_openreg__thnn_fused_lstm_cell", reinterpret_cast<void*>(&aoti_torch_openreg__thnn_fused_lstm_cell)},
+      {"aoti_torch_openreg__to_sparse", reinterpret_cast<void*>(&aoti_torch_openreg__to_sparse)},
       {"aoti_torch_openreg__trilinear", reinterpret_cast<void*>(&aoti_torch_openreg__trilinear)},
       {"aoti_torch_openreg__weight_int4pack_mm", reinterpret_cast<void*>(&aoti_torch_openreg__weight_int4pack_mm)},
       {"aoti_torch_openreg__weight_int4pack_mm_with_scales_and_zeros", reinterpret_cast<void*>(&aoti_torch_openreg__weight_int4pack_mm_with_scales_and_zeros)},
@@ -1887,6 +1957,8 @@ extern "C" void* openreg_inductor_function(const char* name) {
       {"aoti_torch_openreg_avg_pool3d", reinterpret_cast<void*>(&aoti_torch_openreg_avg_pool3d)},
       {"aoti_torch_openreg_avg_pool3d_backward", reinterpret_cast<void*>(&aoti_torch_openreg_avg_pool3d_backward)},
       {"aoti_torch_openreg_baddbmm_out", reinterpret_cast<void*>(&aoti_torch_openreg_baddbmm_out)},
+      {"aoti_torch_openreg_bernoulli__Tensor", reinterpret_cast<void*>(&aoti_torch_openreg_bernoulli__Tensor)},
+      {"aoti_torch_openreg_bernoulli__float", reinterpret_cast<void*>(&aoti_torch_openreg_bernoulli__float)},
       {"aoti_torch_openreg_bmm_out", reinterpret_cast<void*>(&aoti_torch_openreg_bmm_out)},
       {"aoti_torch_openreg_bucketize_Tensor", reinterpret_cast<void*>(&aoti_torch_openreg_bucketize_Tensor)},
       {"aoti_torch_openreg_cat", reinterpret_cast<void*>(&aoti_torch_openreg_cat)},
@@ -1965,6 +2037,7 @@ extern "C" void* openreg_inductor_function(const char* name) {
       {"aoti_torch_openreg_replication_pad1d_backward", reinterpret_cast<void*>(&aoti_torch_openreg_replication_pad1d_backward)},
       {"aoti_torch_openreg_replication_pad2d_backward", reinterpret_cast<void*>(&aoti_torch_openreg_replication_pad2d_backward)},
       {"aoti_torch_openreg_reshape", reinterpret_cast<void*>(&aoti_torch_openreg_reshape)},
+      {"aoti_torch_openreg_resize_", reinterpret_cast<void*>(&aoti_torch_openreg_resize_)},
       {"aoti_torch_openreg_resize_as_", reinterpret_cast<void*>(&aoti_torch_openreg_resize_as_)},
       {"aoti_torch_openreg_scatter_src_out", reinterpret_cast<void*>(&aoti_torch_openreg_scatter_src_out)},
       {"aoti_torch_openreg_scatter_value_out", reinterpret_cast<void*>(&aoti_torch_openreg_scatter_value_out)},
@@ -1972,17 +2045,20 @@ extern "C" void* openreg_inductor_function(const char* name) {
       {"aoti_torch_openreg_searchsorted_Scalar", reinterpret_cast<void*>(&aoti_torch_openreg_searchsorted_Scalar)},
       {"aoti_torch_openreg_searchsorted_Tensor", reinterpret_cast<void*>(&aoti_torch_openreg_searchsorted_Tensor)},
       {"aoti_torch_openreg_segment_reduce", reinterpret_cast<void*>(&aoti_torch_openreg_segment_reduce)},
+      {"aoti_torch_openreg_set__source_Tensor", reinterpret_cast<void*>(&aoti_torch_openreg_set__source_Tensor)},
       {"aoti_torch_openreg_slice_Tensor", reinterpret_cast<void*>(&aoti_torch_openreg_slice_Tensor)},
       {"aoti_torch_openreg_soft_margin_loss_backward", reinterpret_cast<void*>(&aoti_torch_openreg_soft_margin_loss_backward)},
       {"aoti_torch_openreg_sort", reinterpret_cast<void*>(&aoti_torch_openreg_sort)},
       {"aoti_torch_openreg_sort_stable", reinterpret_cast<void*>(&aoti_torch_openreg_sort_stable)},
       {"aoti_torch_openreg_squeeze_dim", reinterpret_cast<void*>(&aoti_torch_openreg_squeeze_dim)},
+      {"aoti_torch_openreg_to_sparse", reinterpret_cast<void*>(&aoti_torch_openreg_to_sparse)},
       {"aoti_torch_openreg_topk", reinterpret_cast<void*>(&aoti_torch_openreg_topk)},
       {"aoti_torch_openreg_triangular_solve", reinterpret_cast<void*>(&aoti_torch_openreg_triangular_solve)},
       {"aoti_torch_openreg_uniform", reinterpret_cast<void*>(&aoti_torch_openreg_uniform)},
       {"aoti_torch_openreg_upsample_bicubic2d_backward", reinterpret_cast<void*>(&aoti_torch_openreg_upsample_bicubic2d_backward)},
       {"aoti_torch_openreg_upsample_linear1d_backward", reinterpret_cast<void*>(&aoti_torch_openreg_upsample_linear1d_backward)},
       {"aoti_torch_openreg_upsample_trilinear3d_backward", reinterpret_cast<void*>(&aoti_torch_openreg_upsample_trilinear3d_backward)},
+      {"aoti_torch_openreg_view_dtype", reinterpret_cast<void*>(&aoti_torch_openreg_view_dtype)},
       {"aoti_torch_openreg_view_as_complex", reinterpret_cast<void*>(&aoti_torch_openreg_view_as_complex)},
       {"aoti_torch_openreg_view_as_real", reinterpret_cast<void*>(&aoti_torch_openreg_view_as_real)},
   });
