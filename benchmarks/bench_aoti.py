@@ -1,14 +1,15 @@
 """An AOTInductor package on openreg against the same package compiled for the CPU.
 
-    python benchmarks/bench_aoti.py [--repeat N] [--batch B]
+    python benchmarks/bench_aoti.py [--repeat N] [--batch B] [--width W] [--batch-ms MS]
 
 One model (an MLP block and a LayerNorm: generated C++ kernels, addmm extern kernels,
 constants) is exported on each device and compiled with
 torch._inductor.aoti_compile_and_package; both packages are loaded with
-aoti_load_package. Calls alternate CPU and openreg (CPU, openreg, CPU, openreg, ...);
-an openreg call is timed to its completion (torch.openreg.synchronize()). Reported:
-the median time per call on each device and the ratio openreg / CPU (1.0 = as fast as
-the CPU package).
+aoti_load_package. Timed as bench_ops and bench_models time: pairs of batches of about
+20 ms of CPU time, alternating which device goes first, openreg's batch timed to its
+completion (torch.openreg.synchronize() after its last call); ratio = median of the
+pairs' ratios, with quartiles (1.0 = as fast as the CPU package). A second line
+synchronises after every openreg call (no call overlaps the next one's launch).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch_openreg  # noqa: F401  (registers openreg when autoload is off)
+
+from bench_ops import calls_per_batch, pair_ratios, per_call, quartiles
 
 
 class Block(torch.nn.Module):
@@ -46,7 +48,8 @@ def package(model: torch.nn.Module, x: torch.Tensor, directory: str) -> object:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=200, help="timed calls per device")
+    parser.add_argument("--repeat", type=int, default=21, help="pairs of timed batches")
+    parser.add_argument("--batch-ms", type=float, default=20.0, help="CPU time of one batch")
     parser.add_argument("--batch", type=int, default=64, help="rows of the input")
     parser.add_argument("--width", type=int, default=256, help="model width")
     args = parser.parse_args()
@@ -64,24 +67,33 @@ def main() -> None:
 
     def run_openreg() -> None:
         on_openreg(x_openreg)
+
+    def run_openreg_synchronised() -> None:
+        on_openreg(x_openreg)
         torch.openreg.synchronize()
 
     torch.testing.assert_close(on_openreg(x_openreg)[0].cpu(), on_cpu(x_cpu)[0], rtol=0, atol=0)
-    times: dict[str, list[float]] = {"cpu": [], "openreg": []}
     for _ in range(10):  # warm-up: caches, constants copied to the device
         run_cpu()
-        run_openreg()
-    for _ in range(args.repeat):
-        for name, run in (("cpu", run_cpu), ("openreg", run_openreg)):
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    cpu_ms = statistics.median(times["cpu"]) * 1e3
-    openreg_ms = statistics.median(times["openreg"]) * 1e3
-    print(f"AOTInductor package, Block(width={args.width}), input {args.batch}x{args.width}, {args.repeat} calls each")
-    print(f"  cpu      {cpu_ms:8.3f} ms")
-    print(f"  openreg  {openreg_ms:8.3f} ms")
-    print(f"  openreg / cpu = {openreg_ms / cpu_ms:.3f}")
+        run_openreg_synchronised()
+    calls = calls_per_batch(run_cpu, args.batch_ms)
+    print(f"AOTInductor package, Block(width={args.width}), input {args.batch}x{args.width}; "
+          f"{args.repeat} pairs of batches of {calls} calls, ratio = openreg / CPU")
+    for label, run in (("batch, synchronised at its end", run_openreg),
+                       ("every call synchronised", run_openreg_synchronised)):
+        cpu_t, dev_t = [], []
+        for i in range(args.repeat):
+            # Alternating order, as bench_ops: neither device always runs in the other's wake.
+            for device in (("cpu", "openreg") if i % 2 == 0 else ("openreg", "cpu")):
+                if device == "cpu":
+                    cpu_t.append(per_call(run_cpu, calls))
+                else:
+                    dev_t.append(per_call(run, calls))
+        ratios = pair_ratios(cpu_t, dev_t)
+        q1, q3 = quartiles(ratios)
+        print(f"  {label:<32} cpu {statistics.median(cpu_t) * 1e3:7.3f} ms  openreg "
+              f"{statistics.median(dev_t) * 1e3:7.3f} ms  ratio {statistics.median(ratios):.3f} "
+              f"({q1:.3f}-{q3:.3f})")
 
 
 if __name__ == "__main__":

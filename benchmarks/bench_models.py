@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_ops import pair_ratios, per_call, quartiles
+from bench_ops import calls_per_batch, pair_ratios, per_call, quartiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import model_zoo as zoo  # noqa: E402  (tests/model_zoo.py: the models of tests/test_models.py)
@@ -47,13 +47,6 @@ import model_zoo as zoo  # noqa: E402  (tests/model_zoo.py: the models of tests/
 DEV = "openreg"
 REPEAT = 21  # pairs of batches per (model, phase)
 BATCH_MS = 20.0  # CPU time per batch
-
-
-def calls_per_batch(cpu: Callable[[], Any], batch_ms: float) -> int:
-    """From the fastest of three CPU calls (the first ones after a compile or
-    an allocator's growth can be many times slower)."""
-    fastest = min(per_call(cpu, 1) for _ in range(3))
-    return max(1, round(batch_ms / 1e3 / fastest))
 
 
 PROFILE_ROUNDS = 5  # profiled batches per device, alternating: one batch's self times move by 10-30%

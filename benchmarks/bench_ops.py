@@ -351,6 +351,13 @@ def per_call(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def calls_per_batch(cpu: Callable[[], Any], batch_ms: float) -> int:
+    """From the fastest of three CPU calls (the first ones after a compile or
+    an allocator's growth can be many times slower)."""
+    fastest = min(per_call(cpu, 1) for _ in range(3))
+    return max(1, round(batch_ms / 1e3 / fastest))
+
+
 def describe(args: tuple, result: Any) -> str:
     """The shape of the first tensor argument (of the result for factories): 16M, 4096x4096."""
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)

@@ -126,10 +126,63 @@ def test_releasing_a_pool_leaves_the_default_pools_cache():
     assert torch.openreg.memory_reserved(1) == reserved  # the pool's segment went, the default cache stayed
 
 
+def limited_to(extra: int, device: int = 1) -> float:
+    """Sets openreg:`device`'s memory fraction to what it reserves now plus `extra`
+    bytes; returns the fraction to restore."""
+    _, total = torch.openreg.mem_get_info(device)
+    before = torch.openreg.get_per_process_memory_fraction(device)
+    torch.openreg.set_per_process_memory_fraction((torch.openreg.memory_reserved(device) + extra) / total, device)
+    return before
+
+
+@pytest.mark.parametrize("use_on_oom", [True, False])
+def test_use_on_oom_lets_an_allocation_that_finds_no_memory_take_the_pool_s_cached_block(use_on_oom):
+    torch.openreg.synchronize(1)
+    torch.openreg.empty_cache()
+    with torch.openreg.device(1):
+        pool = torch.openreg.MemPool(use_on_oom=use_on_oom)
+        with torch.openreg.use_mem_pool(pool):
+            t = torch.empty(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    address = t.data_ptr()
+    del t  # cached in the pool
+    before = limited_to(10 * MiB)  # no room for another 30 MiB segment
+    try:
+        if use_on_oom:
+            outside = torch.full((30 * MiB,), 7, dtype=torch.uint8, device="openreg:1")
+            assert outside.data_ptr() == address and outside[-1].item() == 7
+            del outside
+        else:
+            with pytest.raises(torch.OutOfMemoryError, match="openreg out of memory"):
+                torch.empty(30 * MiB, dtype=torch.uint8, device="openreg:1")
+    finally:
+        torch.openreg.set_per_process_memory_fraction(before, 1)
+    del pool
+    gc.collect()
+
+
+def test_no_split_gives_each_allocation_a_whole_block():
+    def blocks_per_segment(pool):
+        return sorted(len([b for b in s["blocks"] if b["state"] != "inactive"]) for s in pool.snapshot())
+
+    splitting, whole = torch.openreg.MemPool(), torch.openreg.MemPool(no_split=True)
+    kept = {}
+    for name, pool in (("split", splitting), ("whole", whole)):
+        with torch.openreg.use_mem_pool(pool):
+            kept[name] = [torch.empty(1000, device="openreg") for _ in range(2)]
+    assert blocks_per_segment(splitting) == [2]  # one 2 MiB segment, split
+    assert blocks_per_segment(whole) == [1, 1]
+    assert all(len(s["blocks"]) == 1 for s in whole.snapshot())
+    first = kept["whole"][0].data_ptr()
+    del kept["whole"][0]
+    with torch.openreg.use_mem_pool(whole):
+        small = torch.empty(10, device="openreg")
+    assert small.data_ptr() == first  # the whole cached block again, not split
+    assert all(len(s["blocks"]) == 1 for s in whole.snapshot())
+
+
 def test_bad_uses_raise_clear_errors():
-    for kwargs in ({"allocator": object()}, {"use_on_oom": True}, {"no_split": True}):
-        with pytest.raises(NotImplementedError, match=r"torch.openreg.MemPool\(\w+=...\) is not supported"):
-            torch.openreg.MemPool(**kwargs)
+    with pytest.raises(TypeError, match=r"MemPool\(allocator=...\) takes an OpenRegPluggableAllocator, not object"):
+        torch.openreg.MemPool(allocator=object())
     pool = torch.openreg.MemPool()
     with pytest.raises(ValueError, match="the pool belongs to openreg:0, not openreg:1"):
         with torch.openreg.use_mem_pool(pool, device=1):

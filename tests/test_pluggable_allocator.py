@@ -163,3 +163,32 @@ def test_out_of_memory_from_the_library_is_torchs_out_of_memory_error(library):
     """)
     assert result.returncode == 0, result.stderr
     assert "with the pluggable allocator (its alloc function returned null)" in result.stdout
+
+
+def test_a_mem_pool_with_an_allocator_takes_its_segments_from_the_library(library):
+    """MemPool(allocator=), as torch.cuda's: the pool's segments come from the
+    library (split and cached as usual), every other allocation from the runtime."""
+    import ctypes
+    import gc
+
+    counts = ctypes.CDLL(str(library))
+    allocator = torch.openreg.memory.OpenRegPluggableAllocator(str(library), "counting_alloc", "counting_free")
+    allocations, frees = counts.counted_allocations(), counts.counted_frees()
+    pool = torch.openreg.MemPool(allocator=allocator)
+    assert pool.allocator is allocator
+    a = torch.randn(600, 500)  # 1.2 MB: a large segment
+    with torch.openreg.use_mem_pool(pool):
+        x = a.to("openreg")
+        y = torch.empty(10, device="openreg")  # a small block: its own small segment
+        z = torch.empty(20, device="openreg")  # split from y's segment
+    outside = torch.empty(1000, device="openreg")
+    assert counts.counted_allocations() - allocations == 2
+    segments = pool.snapshot()
+    assert len(segments) == 2 and all(
+        any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"] for s in segments) for t in (x, y, z)
+    )
+    torch.testing.assert_close((x * 2).cpu(), a * 2)
+    del x, y, z, outside, pool
+    gc.collect()
+    torch.openreg.synchronize()
+    assert counts.counted_frees() - frees == 2  # the pool's segments went back to the library

@@ -188,6 +188,42 @@ int64_t now_us() {
       .count();
 }
 
+[[noreturn]] void raise_external_oom(c10::DeviceIndex device, size_t nbytes, const char* how) {
+  size_t free = 0;
+  size_t total = 0;
+  OPENREG_CHECK(orMemGetInfo(&free, &total));
+  TORCH_CHECK_WITH(
+      OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(nbytes), " with ", how,
+      ". openreg:", static_cast<int>(device), " has a total capacity of ", format_bytes(total), " of which ",
+      format_bytes(free),
+      " is free.", kOomAdvice);
+}
+
+// What a pluggable allocator returns must be device memory of the device
+// asked for, at least as large as asked: kernels translate it to their view.
+void check_pluggable_allocation(
+    const PluggableAllocator& via,
+    void* ptr,
+    c10::DeviceIndex device,
+    size_t nbytes,
+    orStream_t stream) {
+  if (ptr == nullptr) {
+    raise_external_oom(device, nbytes, "the pluggable allocator (its alloc function returned null)");
+  }
+  orPointerAttributes attributes;
+  const bool device_memory = orPointerGetAttributes(&attributes, ptr) == orError::Success &&
+      attributes.is_device && attributes.device == device &&
+      static_cast<char*>(ptr) + nbytes <= static_cast<char*>(attributes.base) + attributes.size;
+  if (!device_memory) {
+    via.free(ptr, static_cast<ssize_t>(nbytes), device, stream);
+    TORCH_CHECK(
+        false, "openreg's pluggable allocator: alloc(", nbytes, ", ", static_cast<int>(device), ", stream) returned ",
+        ptr, ", which is not ", nbytes, " bytes of openreg:", static_cast<int>(device),
+        "'s memory. Its alloc function must return device memory of the device it is asked for (from "
+        "openreg::orMalloc, csrc/runtime/OpenRegRuntime.h).");
+  }
+}
+
 // Everything the allocator knows of one device, under one lock (a spin lock:
 // allocation and free are on every kernel call's path).
 class DeviceCache {
@@ -215,6 +251,13 @@ class DeviceCache {
           collect_garbage();
         }
         block = new_segment(pool, stream, mempool, size, requested, context);
+      }
+      if (block == nullptr) {
+        block = take_from_pool_on_oom(pool, stream, mempool, size);
+      }
+      if (block == nullptr) {
+        ++stats_.num_ooms;
+        raise_oom(requested, context);
       }
       block = maybe_split(block, size);
     }
@@ -369,35 +412,35 @@ class DeviceCache {
   // use_mem_pool; at no use left the pool is gone and its cached segments go
   // back to the runtime (blocks still in use follow when freed, at the next
   // empty_cache or out-of-memory retry).
-  void create_mempool(uint64_t mempool) {
+  void create_mempool(uint64_t mempool, const MempoolOptions& options) {
     const std::lock_guard<SpinLock> lock(lock_);
-    mempool_uses_[mempool] = 1;
+    mempools_[mempool] = PrivatePool{1, options};
   }
 
   void use_mempool(uint64_t mempool) {
     const std::lock_guard<SpinLock> lock(lock_);
-    auto it = mempool_uses_.find(mempool);
+    auto it = mempools_.find(mempool);
     TORCH_CHECK_VALUE(
-        it != mempool_uses_.end(), "memory pool (0, ", mempool, ") of openreg:", static_cast<int>(device_),
+        it != mempools_.end(), "memory pool (0, ", mempool, ") of openreg:", static_cast<int>(device_),
         " was released; make a new torch.openreg.MemPool");
-    ++it->second;
+    ++it->second.uses;
   }
 
   void release_mempool(uint64_t mempool) {
     const std::lock_guard<SpinLock> lock(lock_);
-    auto it = mempool_uses_.find(mempool);
-    if (it == mempool_uses_.end() || --it->second > 0) {
+    auto it = mempools_.find(mempool);
+    if (it == mempools_.end() || --it->second.uses > 0) {
       return;
     }
-    mempool_uses_.erase(it);
+    mempools_.erase(it);
     synchronize_events();
     release_cached(mempool);
   }
 
   int mempool_use_count(uint64_t mempool) {
     const std::lock_guard<SpinLock> lock(lock_);
-    auto it = mempool_uses_.find(mempool);
-    return it == mempool_uses_.end() ? 0 : it->second;
+    auto it = mempools_.find(mempool);
+    return it == mempools_.end() ? 0 : it->second.uses;
   }
 
   void set_fraction(double fraction) {
@@ -553,20 +596,23 @@ class DeviceCache {
       size_t requested,
       const std::shared_ptr<c10::GatheredContext>& context) {
     const size_t bytes = segment_size(size);
+    const PluggableAllocator* via = pool_allocator(mempool);
     void* ptr = nullptr;
-    orError status = device_malloc(&ptr, bytes);
+    orError status = device_malloc(&ptr, bytes, via, stream);
     if (status == orError::MemoryAllocation) {
       // Free what the cache holds and try once more, as CUDA's allocator does.
       ++stats_.num_alloc_retries;
       synchronize_events();
       release_cached();
-      status = device_malloc(&ptr, bytes);
+      status = device_malloc(&ptr, bytes, via, stream);
     }
     if (status == orError::MemoryAllocation) {
-      ++stats_.num_ooms;
-      raise_oom(requested, context);
+      return nullptr;
     }
     OPENREG_CHECK(status);
+    if (via != nullptr) {
+      allocator_segments_[ptr] = via;
+    }
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
       const auto t = static_cast<size_t>(type);
       stats_.segment[t].increase(1);
@@ -583,17 +629,53 @@ class DeviceCache {
     return block;
   }
 
-  orError device_malloc(void** ptr, size_t bytes) {
+  // `via`: the private pool's allocator (null: the runtime).
+  orError device_malloc(void** ptr, size_t bytes, const PluggableAllocator* via, c10::StreamId stream) {
     const auto reserved = static_cast<size_t>(stats_.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current);
     if (fraction_ < 1.0 && reserved + bytes > allowed_) {
       return orError::MemoryAllocation; // set_per_process_memory_fraction's limit
     }
     const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
+    if (via != nullptr) {
+      const orStream_t raw = raw_stream(make_stream(device_, stream));
+      *ptr = via->alloc(static_cast<ssize_t>(bytes), device_, raw);
+      if (*ptr == nullptr) {
+        return orError::MemoryAllocation;
+      }
+      check_pluggable_allocation(*via, *ptr, device_, bytes, raw);
+      ++stats_.num_device_alloc;
+      return orError::Success;
+    }
     const orError status = orMalloc(ptr, bytes);
     if (status == orError::Success) {
       ++stats_.num_device_alloc;
     }
     return status;
+  }
+
+  const PluggableAllocator* pool_allocator(uint64_t mempool) const {
+    if (mempool == 0) {
+      return nullptr;
+    }
+    auto it = mempools_.find(mempool);
+    return it != mempools_.end() && it->second.options.allocator.alloc != nullptr ? &it->second.options.allocator
+                                                                                  : nullptr;
+  }
+
+  // MemPool(use_on_oom=True), as CUDA's: an allocation outside every private
+  // pool that found no device memory takes a cached block of such a pool.
+  Block* take_from_pool_on_oom(Pool& pool, c10::StreamId stream, uint64_t mempool, size_t size) {
+    if (mempool != 0) {
+      return nullptr;
+    }
+    for (const auto& [id, private_pool] : mempools_) {
+      if (private_pool.options.use_on_oom) {
+        if (Block* block = take_cached(pool, stream, id, size)) {
+          return block;
+        }
+      }
+    }
+    return nullptr;
   }
 
   [[noreturn]] void raise_oom(size_t requested, const std::shared_ptr<c10::GatheredContext>& context) {
@@ -628,6 +710,12 @@ class DeviceCache {
 
   // Splits off the tail of a block much larger than `size` as a free block.
   Block* maybe_split(Block* block, size_t size) {
+    if (block->mempool != 0) {
+      auto it = mempools_.find(block->mempool);
+      if (it != mempools_.end() && it->second.options.no_split) {
+        return block;
+      }
+    }
     const size_t remaining = block->size - size;
     const bool split = block->pool->small ? remaining >= kMinBlockSize
                                           : size < allocator_config().max_split_size && remaining > kSmallSize;
@@ -724,7 +812,7 @@ class DeviceCache {
     for (Pool* pool : {&small_, &large_}) {
       for (auto it = pool->free.begin(); it != pool->free.end();) {
         Block* block = *it;
-        if (!block->whole_segment() || mempool_uses_.count(block->mempool) > 0 ||
+        if (!block->whole_segment() || mempools_.count(block->mempool) > 0 ||
             (only.has_value() && block->mempool != *only)) {
           ++it; // a live private pool keeps its segments
           continue;
@@ -737,7 +825,15 @@ class DeviceCache {
 
   // Returns a whole cached segment, out of its free set, to the runtime.
   void release_segment(Block* block) {
-    OPENREG_CHECK(orFree(block->ptr));
+    auto via = allocator_segments_.find(block->ptr);
+    if (via != allocator_segments_.end()) {
+      const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
+      via->second->free(
+          block->ptr, static_cast<ssize_t>(block->size), device_, raw_stream(make_stream(device_, block->stream)));
+      allocator_segments_.erase(via);
+    } else {
+      OPENREG_CHECK(orFree(block->ptr));
+    }
     ++stats_.num_device_free;
     segments_.erase(reinterpret_cast<uintptr_t>(block->ptr));
     if (oversize_segments_.erase(block->ptr) > 0) {
@@ -838,7 +934,14 @@ class DeviceCache {
   size_t trace_next_ = 0;
   std::map<uintptr_t, Block*> segments_;
   std::unordered_set<const void*> oversize_segments_; // made for requests of max_split_size or more
-  std::unordered_map<uint64_t, int> mempool_uses_; // live private pools and their use counts
+  struct PrivatePool {
+    int uses;
+    MempoolOptions options;
+  };
+  std::unordered_map<uint64_t, PrivatePool> mempools_; // the live private pools
+  // The segments of pools with an allocator, and the allocator each goes back
+  // to (the pool may be gone by then).
+  std::unordered_map<const void*, const PluggableAllocator*> allocator_segments_;
   uint64_t large_lookups_ = 0; // of the large pool's free set: the clock of garbage collection's ages
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;
@@ -1079,42 +1182,6 @@ class OpenRegAllocator final : public c10::DeviceAllocator {
     return {ptr, record, &delete_external, where};
   }
 
-  [[noreturn]] static void raise_external_oom(c10::DeviceIndex device, size_t nbytes, const char* how) {
-    size_t free = 0;
-    size_t total = 0;
-    OPENREG_CHECK(orMemGetInfo(&free, &total));
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "openreg out of memory. Tried to allocate ", format_bytes(nbytes), " with ", how,
-        ". openreg:", static_cast<int>(device), " has a total capacity of ", format_bytes(total), " of which ",
-        format_bytes(free),
-        " is free.", kOomAdvice);
-  }
-
-  // What a pluggable allocator returns must be device memory of the device
-  // asked for, at least as large as asked: kernels translate it to their view.
-  static void check_pluggable_allocation(
-      const PluggableAllocator& via,
-      void* ptr,
-      c10::DeviceIndex device,
-      size_t nbytes,
-      orStream_t stream) {
-    if (ptr == nullptr) {
-      raise_external_oom(device, nbytes, "the pluggable allocator (its alloc function returned null)");
-    }
-    orPointerAttributes attributes;
-    const bool device_memory = orPointerGetAttributes(&attributes, ptr) == orError::Success &&
-        attributes.is_device && attributes.device == device &&
-        static_cast<char*>(ptr) + nbytes <= static_cast<char*>(attributes.base) + attributes.size;
-    if (!device_memory) {
-      via.free(ptr, static_cast<ssize_t>(nbytes), device, stream);
-      TORCH_CHECK(
-          false, "openreg's pluggable allocator: alloc(", nbytes, ", ", static_cast<int>(device), ", stream) returned ",
-          ptr, ", which is not ", nbytes, " bytes of openreg:", static_cast<int>(device),
-          "'s memory. Its alloc function must return device memory of the device it is asked for (from "
-          "openreg::orMalloc, csrc/runtime/OpenRegRuntime.h).");
-    }
-  }
-
   static void delete_external(void* ctx) {
     auto* record = static_cast<ExternalAllocation*>(ctx);
     gpu_trace::memory_deallocation(record->ptr);
@@ -1197,10 +1264,10 @@ double get_memory_fraction(c10::DeviceIndex device) {
   return allocator_instance().get_memory_fraction(device);
 }
 
-uint64_t create_mempool(c10::DeviceIndex device) {
+uint64_t create_mempool(c10::DeviceIndex device, const MempoolOptions& options) {
   static std::atomic<uint64_t> next_id{1};
   const uint64_t mempool = next_id.fetch_add(1);
-  allocator_instance().cache(device).create_mempool(mempool);
+  allocator_instance().cache(device).create_mempool(mempool, options);
   return mempool;
 }
 

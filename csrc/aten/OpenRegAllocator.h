@@ -55,7 +55,14 @@ void raw_delete(void* ptr);
 // that device come from the pool's own segments. A pool lives while it has
 // uses (the MemPool object's, one per begin) and keeps its cached segments
 // until then.
-uint64_t create_mempool(c10::DeviceIndex device);
+struct MempoolOptions {
+  // Where the pool's segments come from and go back to (alloc and free null:
+  // the runtime, as for the default pools), as MemPool(allocator=) of CUDA.
+  PluggableAllocator allocator{nullptr, nullptr};
+  bool use_on_oom = false; // an allocation outside the pool that finds no memory may take its cached blocks
+  bool no_split = false; // its blocks are never split: each allocation takes a whole cached block
+};
+uint64_t create_mempool(c10::DeviceIndex device, const MempoolOptions& options);
 void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
 void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
 void release_mempool(c10::DeviceIndex device, uint64_t mempool);

@@ -562,7 +562,15 @@ PYBIND11_MODULE(_C, m) {
         openreg::raw_alloc(static_cast<c10::DeviceIndex>(index), nbytes, static_cast<c10::StreamId>(stream_id)));
   });
   m.def("_caching_allocator_delete", [](uintptr_t ptr) { openreg::raw_delete(reinterpret_cast<void*>(ptr)); });
-  m.def("_mem_pool_create", [](int index) { return openreg::create_mempool(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_mem_pool_create", [](int index, uintptr_t alloc, uintptr_t free, bool use_on_oom, bool no_split) {
+    openreg::MempoolOptions options;
+    options.allocator = {
+        reinterpret_cast<void* (*)(ssize_t, int, openreg::orStream_t)>(alloc),
+        reinterpret_cast<void (*)(void*, ssize_t, int, openreg::orStream_t)>(free)};
+    options.use_on_oom = use_on_oom;
+    options.no_split = no_split;
+    return openreg::create_mempool(static_cast<c10::DeviceIndex>(index), options);
+  });
   m.def("_mem_pool_begin", [](int index, uint64_t id) {
     openreg::begin_allocate_to_pool(static_cast<c10::DeviceIndex>(index), id);
   });

@@ -247,20 +247,28 @@ class MemPool:
     segments of its own, which no other allocation uses, and which it keeps
     cached (``empty_cache`` leaves them) until the pool is deleted.
 
-    ``allocator`` (a pluggable allocator), ``use_on_oom`` and ``no_split`` are
-    not supported and raise NotImplementedError."""
+    ``allocator`` (an OpenRegPluggableAllocator): the pool's segments come from
+    its alloc function and go back to its free function instead of the runtime;
+    the pool still splits and caches them. ``use_on_oom``: an allocation outside
+    every private pool that finds no device memory may take this pool's cached
+    blocks, as a last resort. ``no_split``: the pool's blocks are never split, so
+    each allocation takes a whole cached block or a new segment."""
 
     def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False):
-        for name, value in (("allocator", allocator), ("use_on_oom", use_on_oom), ("no_split", no_split)):
-            if value not in (None, False):
-                raise NotImplementedError(
-                    f"torch.openreg.MemPool({name}=...) is not supported: openreg's private pools take memory "
-                    "from its caching allocator only, never fall back to other pools, and split blocks as the "
-                    "default pools do (docs/runtime.md, 'Private memory pools')")
+        if allocator is not None and not isinstance(allocator, OpenRegPluggableAllocator):
+            raise TypeError(
+                f"torch.openreg.MemPool(allocator=...) takes an OpenRegPluggableAllocator, not {type(allocator).__name__}")
         from torch_openreg.openreg import current_device
 
+        self._allocator = allocator  # keeps its library loaded
+        functions = allocator._functions if allocator is not None else (0, 0)
         self._device = current_device()
-        self._uid = _C._mem_pool_create(self._device)
+        self._uid = _C._mem_pool_create(self._device, *functions, bool(use_on_oom), bool(no_split))
+
+    @property
+    def allocator(self) -> OpenRegPluggableAllocator | None:
+        """The pool's allocator (None: the caching allocator's own device memory)."""
+        return self._allocator
 
     @property
     def id(self) -> tuple[int, int]:
