@@ -527,7 +527,7 @@ def dtensor_random_ops_leave_every_rank_at_the_same_offset_and_reproduce(r: Rank
 
 @on_every_rank
 def dtensor_random_op_from_a_state_without_an_offset_raises_without_drawing(r: Rank):
-    # A cached normal sample (CPU's normal_ of fewer than 16 values) has no (seed, offset)
+    # A cached normal sample (CPU's normal_ of an odd number below 16) has no (seed, offset)
     # form: the state is the CPU generator's, which torch's _PhiloxState refuses.
     from torch.distributed.tensor import Shard, distribute_tensor
 

@@ -579,8 +579,9 @@ def test_set_rng_state_rejects_a_negative_offset():
 
 
 def test_a_cached_normal_sample_keeps_cpus_layout_and_replays_exactly():
-    # CPU's normal_ of fewer than 16 values keeps the second Box-Muller value for the
-    # next draw: no (seed, offset) holds it, so the state is the CPU generator's own.
+    # CPU's normal_ of an odd number of values below 16 keeps the second Box-Muller
+    # value for the next draw: no (seed, offset) holds it, so the state is the CPU
+    # generator's own.
     torch.manual_seed(0)
     torch.randn(3, device="openreg")
     state = torch.openreg.get_rng_state()

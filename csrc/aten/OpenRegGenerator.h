@@ -20,7 +20,8 @@
 // what DTensor's OffsetBasedRNGTracker (torch/distributed/tensor/_random.py)
 // reads and moves forward by a shard's numel to place each rank's draws. The
 // one state that view cannot hold is a cached normal sample (CPU's
-// normal_distribution keeps the second Box-Muller value for the next draw):
+// normal_distribution, which normal_ of an odd number of values below 16 and
+// log_normal_ use, keeps the second Box-Muller value for the next draw):
 // then the state is the CPU generator's own (5056 bytes), which set_state
 // accepts too (as does set_state of any CPU generator state: its position in a
 // seed's stream is unknown, so the state stays in CPU's layout until reseeded).

@@ -128,9 +128,9 @@ def get_rng_state(device: int | str | torch.device = "openreg") -> torch.Tensor:
     As ``torch.cuda``'s, 16 bytes: the seed (uint64) and the offset (int64), here the
     position in the seed's CPU (Mersenne Twister) stream in pairs of draws, an odd
     draw in bit 62; DTensor's RNG tracker moves it to place each shard's draws. While
-    the generator holds a cached normal sample (CPU's ``normal_`` of fewer than 16
-    values), or after :func:`set_rng_state` of a CPU generator's state, it is the CPU
-    generator's state instead. The result is a copy: later draws do not change it.
+    the generator holds a cached normal sample (CPU's ``normal_`` of an odd number of
+    values below 16), or after :func:`set_rng_state` of a CPU generator's state, it is
+    the CPU generator's state instead. The result is a copy: later draws do not change it.
     Like ``torch.cuda``, this initialises openreg.
     """
     _lazy_init()
