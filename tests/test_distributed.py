@@ -425,6 +425,127 @@ def dtensor_shards_gathers_and_redistributes_as_the_whole_tensor(r: Rank):
     assert_same(a.grad.full_tensor(), torch.full((8, 4), 3.0), r.device)
 
 
+# DTensor's random operators: torch's OffsetBasedRNGTracker reads the openreg generator's
+# (seed, offset) state and gives the shard of linear index k the stream from offset
+# k * (the first shard's numel, rounded up to 4); the offset counts pairs of CPU draws,
+# the most any elementwise distribution takes per element (docs/distributed.md).
+def dtensor_random_ops():
+    import torch.distributed.tensor as dt
+
+    return {
+        "nn.init.uniform_": (lambda d: torch.nn.init.uniform_(d), torch.float32),
+        "nn.init.uniform_ float64": (lambda d: torch.nn.init.uniform_(d), torch.float64),
+        "nn.init.normal_": (lambda d: torch.nn.init.normal_(d), torch.float32),
+        "dropout": (lambda d: torch.nn.functional.dropout(d.fill_(1.0), 0.5), torch.float32),
+        "rand": (lambda d: dt.rand(d.shape, device_mesh=d.device_mesh, placements=d.placements), torch.float32),
+    }
+
+
+def local_draw_on_cpu(op, shape, dtype, seed: int, pairs_before: int) -> torch.Tensor:
+    """What `op` draws on the CPU for a tensor of `shape`, `pairs_before` draw pairs after `seed`."""
+    torch.manual_seed(seed)
+    torch.empty(2 * pairs_before).uniform_()  # one CPU draw per float32
+    if op is None:
+        return torch.empty(shape, dtype=dtype).uniform_()
+    return op(torch.empty(shape, dtype=dtype))
+
+
+def dtensor_random(r: Rank, name: str, placements, seed: int | None = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """`name` on an (8, 8) DTensor placed so, after torch.manual_seed(seed): (local, full)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    op, dtype = dtensor_random_ops()[name]
+    d = distribute_tensor(torch.empty(8, 8, dtype=dtype, device=r.device), mesh_of(r), placements)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = op(d)
+    return out.to_local(), out.full_tensor()
+
+
+def gathered(t: torch.Tensor) -> list[torch.Tensor]:
+    every = [torch.empty_like(t) for _ in range(WORLD)]
+    dist.all_gather(every, t)
+    return [e.cpu() for e in every]
+
+
+@on_every_rank
+def dtensor_random_ops_draw_each_shard_from_its_offset_of_the_seeds_stream(r: Rank):
+    from torch.distributed.tensor import Replicate, Shard
+
+    for name, (op, dtype) in dtensor_random_ops().items():
+        cpu_op = None if name == "rand" else op
+        for placements, dim in (([Shard(0)], 0), ([Shard(1)], 1), ([Replicate()], None)):
+            local, full = dtensor_random(r, name, placements)
+            shape = (8, 8) if dim is None else tuple(4 if i == dim else 8 for i in range(2))
+            shard = 0 if dim is None else r.rank
+            expected = local_draw_on_cpu(cpu_op, shape, dtype, 5, shard * 32)
+            torch.testing.assert_close(local.cpu(), expected, rtol=0, atol=0, msg=f"{name} {placements}")
+            every = gathered(full)
+            assert all(torch.equal(e, every[0]) for e in every), f"{name} {placements}: ranks disagree"
+            if dim is not None:
+                shards = gathered(local)
+                assert not torch.equal(shards[0], shards[1]), f"{name} {placements}: shards drew the same numbers"
+
+
+@on_every_rank
+def dtensor_random_whole_tensor_does_not_depend_on_row_sharding_for_two_draw_operators(r: Rank):
+    # dropout (bernoulli_) and float64's uniform_ take two draws per element, as many as
+    # an offset step, so row shards continue each other's stream: Shard(0)'s whole
+    # tensor is Replicate()'s, which is CPU's for the seed.
+    from torch.distributed.tensor import Replicate, Shard
+
+    for name in ("dropout", "nn.init.uniform_ float64"):
+        op, dtype = dtensor_random_ops()[name]
+        _, by_rows = dtensor_random(r, name, [Shard(0)])
+        _, replicated = dtensor_random(r, name, [Replicate()])
+        torch.testing.assert_close(by_rows.cpu(), replicated.cpu(), rtol=0, atol=0)
+        torch.testing.assert_close(replicated.cpu(), local_draw_on_cpu(op, (8, 8), dtype, 5, 0), rtol=0, atol=0)
+
+
+@on_every_rank
+def dtensor_random_ops_leave_every_rank_at_the_same_offset_and_reproduce(r: Rank):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._random import manual_seed
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        manual_seed(11, mesh_of(r))  # DTensor's own seeding: torch.manual_seed on every rank
+        _, full = dtensor_random(r, "nn.init.uniform_", [Shard(0)], seed=None)
+        state = torch.openreg.get_rng_state()
+        after = torch.rand(4, device=r.device)  # a plain draw continues from there
+        return full, state, after
+
+    full, state, after = run()
+    seed, offset = state[:8].view(torch.int64).item(), state[8:].view(torch.int64).item()
+    assert (seed, offset) == (11, 64), (seed, offset)  # moved by the whole tensor's numel
+    assert all(torch.equal(s, state) for s in gathered(state.to(r.device)))
+    assert all(torch.equal(a, after.cpu()) for a in gathered(after))
+    torch.testing.assert_close(after.cpu(), local_draw_on_cpu(None, (4,), torch.float32, 11, 64), rtol=0, atol=0)
+    again = run()
+    torch.testing.assert_close(again[0].cpu(), full.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(again[2].cpu(), after.cpu(), rtol=0, atol=0)
+
+
+@on_every_rank
+def dtensor_random_op_from_a_state_without_an_offset_raises_without_drawing(r: Rank):
+    # A cached normal sample (CPU's normal_ of an odd number below 16) has no (seed, offset)
+    # form: the state is the CPU generator's, which torch's _PhiloxState refuses.
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    d = distribute_tensor(torch.zeros(8, 8, device=r.device), mesh_of(r), [Shard(0)])
+    torch.manual_seed(5)
+    torch.randn(3, device=r.device)
+    state = torch.openreg.get_rng_state()
+    assert state.numel() != 16
+    with pytest.raises(AssertionError):
+        torch.nn.init.uniform_(d)
+    assert torch.equal(d.to_local().cpu(), torch.zeros(4, 8))
+    assert torch.equal(torch.openreg.get_rng_state(), state)
+    torch.manual_seed(5)  # back to a (seed, offset): DTensor's random operators work again
+    torch.nn.init.uniform_(d)
+    torch.testing.assert_close(d.to_local().cpu(), local_draw_on_cpu(None, (4, 8), torch.float32, 5, 32 * r.rank),
+                               rtol=0, atol=0)
+
+
 def fully_sharded_mlp(r: Rank, **fully_shard_kwargs):
     """A small MLP on the device, fully_shard-ed layer by layer over the ranks, and the
     same MLP on the CPU (the oracle)."""

@@ -48,6 +48,26 @@ def seeded(seed, device="openreg"):
     return generator
 
 
+ODD_DRAW_BIT = 1 << 62  # of a (seed, offset) state's offset: one more draw than the pairs
+
+
+def seed_and_draws(state: torch.Tensor) -> tuple[int, int]:
+    """A (seed, offset) state's seed and its position in CPU draws."""
+    seed, offset = (int(v) for v in state.view(torch.int64))
+    return seed % 2**64, 2 * (offset & ~ODD_DRAW_BIT) + (1 if offset & ODD_DRAW_BIT else 0)
+
+
+def as_cpu_state(state: torch.Tensor) -> torch.Tensor:
+    """The CPU generator state an openreg state stands for: its (seed, offset) replayed
+    on a CPU generator, or a state in CPU's layout as it is."""
+    if state.numel() != 16:
+        return state
+    seed, draws = seed_and_draws(state)
+    cpu = torch.Generator().manual_seed(seed)
+    torch.empty(draws).uniform_(generator=cpu)  # one CPU draw per float32
+    return cpu.get_state()
+
+
 # --- default generators -------------------------------------------------------
 
 
@@ -522,6 +542,58 @@ def test_rng_state_functions_reject_a_bad_device(device, error, match):
 def test_set_rng_state_rejects_a_state_of_the_wrong_size():
     with pytest.raises(RuntimeError, match="size"):
         torch.openreg.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_rng_state_is_the_seed_and_the_position_in_the_seeds_cpu_stream():
+    # CUDA's layout (seed, offset), which DTensor's OffsetBasedRNGTracker reads and moves;
+    # the offset counts pairs of CPU draws, an odd one in ODD_DRAW_BIT.
+    torch.openreg.manual_seed(3)
+    state = torch.openreg.get_rng_state()
+    assert state.numel() == 16 and seed_and_draws(state) == (3, 0)
+    torch.rand(5, device="openreg")
+    assert seed_and_draws(torch.openreg.get_rng_state()) == (3, 5)
+    assert torch.openreg.get_rng_state()[8:].view(torch.int64).item() == 2 | ODD_DRAW_BIT
+    torch.rand(10_001, device="openreg", dtype=torch.float64)  # two draws each, many blocks of 624
+    state = torch.openreg.get_rng_state()
+    assert seed_and_draws(state) == (3, 5 + 20_002)
+    torch.manual_seed(3)
+    torch.rand(5)
+    torch.rand(10_001, dtype=torch.float64)
+    assert torch.equal(as_cpu_state(state), torch.get_rng_state())
+
+
+@pytest.mark.parametrize("draws", [0, 1, 623, 624, 625, 5000])
+def test_set_rng_state_at_a_moved_offset_draws_cpus_numbers_from_there(draws):
+    state = torch.tensor([7, draws // 2 | (ODD_DRAW_BIT if draws % 2 else 0)], dtype=torch.int64).view(torch.uint8)
+    torch.openreg.set_rng_state(state)
+    assert torch.equal(torch.openreg.get_rng_state(), state)
+    cpu = torch.Generator().manual_seed(7)
+    torch.empty(draws).uniform_(generator=cpu)  # one CPU draw per float32
+    assert torch.equal(torch.rand(8, device="openreg").cpu(), torch.rand(8, generator=cpu))
+    assert seed_and_draws(torch.openreg.get_rng_state()) == (7, draws + 8)
+
+
+def test_set_rng_state_rejects_a_negative_offset():
+    with pytest.raises(RuntimeError, match="offset must not be negative"):
+        torch.openreg.set_rng_state(torch.tensor([1, -2], dtype=torch.int64).view(torch.uint8))
+
+
+def test_a_cached_normal_sample_keeps_cpus_layout_and_replays_exactly():
+    # CPU's normal_ of an odd number of values below 16 keeps the second Box-Muller
+    # value for the next draw: no (seed, offset) holds it, so the state is the CPU
+    # generator's own.
+    torch.manual_seed(0)
+    torch.randn(3, device="openreg")
+    state = torch.openreg.get_rng_state()
+    torch.randn(3)
+    assert torch.equal(state, torch.get_rng_state())
+    expected = torch.randn(5, device="openreg").cpu()
+    torch.openreg.set_rng_state(state)
+    assert torch.equal(torch.randn(5, device="openreg").cpu(), expected)
+    assert torch.equal(expected, torch.randn(5))
+    assert torch.openreg.get_rng_state().numel() == state.numel()  # CPU's layout until reseeded
+    torch.openreg.manual_seed(0)
+    assert torch.openreg.get_rng_state().numel() == 16
 
 
 def test_rng_state_all_round_trip_restores_every_device():

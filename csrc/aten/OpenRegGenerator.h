@@ -12,6 +12,19 @@
 // such draw, and the host waits for it before it reads, reseeds or draws from
 // the state, and a draw queued on another stream waits for it on that stream,
 // so the numbers are drawn in call order, as on CPU.
+//
+// The state (get_state/set_state, so torch.openreg.get_rng_state) is CUDA's
+// Philox layout, 16 bytes: the seed (uint64) and the offset (int64), here the
+// position in the Mersenne Twister stream of that seed (in pairs of 32-bit
+// draws; OpenRegGenerator.cpp, offset_of_draws). That is
+// what DTensor's OffsetBasedRNGTracker (torch/distributed/tensor/_random.py)
+// reads and moves forward by a shard's numel to place each rank's draws. The
+// one state that view cannot hold is a cached normal sample (CPU's
+// normal_distribution, which normal_ of an odd number of values below 16 and
+// log_normal_ use, keeps the second Box-Muller value for the next draw):
+// then the state is the CPU generator's own (5056 bytes), which set_state
+// accepts too (as does set_state of any CPU generator state: its position in a
+// seed's stream is unknown, so the state stays in CPU's layout until reseeded).
 #pragma once
 
 #include <atomic>
@@ -19,6 +32,7 @@
 #include <optional>
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/MT19937RNGEngine.h>
 #include <c10/core/GeneratorImpl.h>
 
 #include "runtime/OpenRegRuntime.h"
@@ -58,7 +72,23 @@ class OpenRegGeneratorImpl final : public c10::GeneratorImpl {
 
  private:
   OpenRegGeneratorImpl* clone_impl() const override;
+  // How many draws the CPU generator made since it was seeded, or nullopt
+  // when the (seed, offset) view cannot describe its state. Holds cpu_'s mutex.
+  std::optional<uint64_t> stream_position() const;
+  // Seeds the CPU generator and moves it `draws` draws on. Holds cpu_'s mutex.
+  void seek(uint64_t seed, uint64_t draws);
+
   mutable at::Generator cpu_; // mutable: locking its mutex is not a state change
+  // A point of the CPU generator's stream: `engine` is the state `draws`
+  // draws after seeding with engine.seed(). The generator's state was there
+  // (or is a number of draws after it: draws are all that change it between
+  // seeds), so stream_position() counts from it, and moves it to where it
+  // counted to. nullopt after a CPU-layout set_state, until reseeded.
+  struct StreamMark {
+    at::mt19937 engine;
+    uint64_t draws;
+  };
+  mutable std::optional<StreamMark> mark_;
   // The last queued draw: an event recorded after it on queued_stream_,
   // pending until the host has seen it complete.
   mutable std::mutex queued_mutex_;

@@ -125,8 +125,13 @@ def get_rng_state(device: int | str | torch.device = "openreg") -> torch.Tensor:
         device: an index, ``"openreg:N"`` or ``torch.device``. Default ``"openreg"``:
             the current device.
 
-    The result is a copy: later draws do not change it. Like ``torch.cuda``, this
-    initialises openreg.
+    As ``torch.cuda``'s, 16 bytes: the seed (uint64) and the offset (int64), here the
+    position in the seed's CPU (Mersenne Twister) stream in pairs of draws, an odd
+    draw in bit 62; DTensor's RNG tracker moves it to place each shard's draws. While
+    the generator holds a cached normal sample (CPU's ``normal_`` of an odd number of
+    values below 16), or after :func:`set_rng_state` of a CPU generator's state, it is
+    the CPU generator's state instead. The result is a copy: later draws do not change it.
+    Like ``torch.cuda``, this initialises openreg.
     """
     _lazy_init()
     return default_generators[_index_of(device)].get_state()
@@ -143,7 +148,8 @@ def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "o
 
     Args:
         new_state: a state returned by :func:`get_rng_state` (a CPU ``torch.uint8``
-            tensor); it is copied, so changing it later has no effect.
+            tensor), with any offset, or a CPU generator's state; it is copied, so
+            changing it later has no effect.
         device: an index, ``"openreg:N"`` or ``torch.device``. Default ``"openreg"``:
             the current device.
     """
