@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -162,6 +163,67 @@ def test_context_state_keeps_the_stacks_of_live_blocks_without_a_trace():
     frames = block["frames"]
     assert frames and all(not f["filename"].endswith((".cpp", ".c", ".h")) for f in frames)  # Python only
     assert any(f["name"] == "test_context_state_keeps_the_stacks_of_live_blocks_without_a_trace" for f in frames)
+
+
+def python_stack():
+    """The caller's Python stack, innermost frame first, as a snapshot's frames name it."""
+    frame, stack = sys._getframe(1), []
+    while frame is not None:
+        stack.append({"name": frame.f_code.co_name, "filename": frame.f_code.co_filename, "line": frame.f_lineno})
+        frame = frame.f_back
+    return stack
+
+
+def named(frames):
+    return [{k: f[k] for k in ("name", "filename", "line")} for f in frames]
+
+
+@pytest.fixture
+def recording_python_stacks():
+    torch.openreg.synchronize(1)
+    gc.collect()
+    MEMORY._record_memory_history(stacks="python", max_entries=100_000, clear_history=True)
+    try:
+        yield
+    finally:
+        MEMORY._record_memory_history(enabled=None)
+
+
+def test_every_event_keeps_the_python_stack_it_came_from(recording_python_stacks):
+    # The same few stacks again and again, as a loop makes them: each event
+    # still names its own line, allocations and frees alike.
+    expected = []
+    for _ in range(3):
+        for size in (256, 512):
+            if size == 256:
+                stack, x = python_stack(), torch.empty(size, device=DEVICE)
+            else:
+                stack, x = python_stack(), torch.empty(size, device=DEVICE)
+            expected.append(("alloc", x.untyped_storage().data_ptr(), stack))
+            address = x.untyped_storage().data_ptr()
+            stack, x = python_stack(), None
+            expected.append(("free_requested", address, stack))
+    snapshot = MEMORY._snapshot()
+    addresses = {address for _, address, _ in expected}
+    events = [(e["action"], e["addr"], named(e["frames"])) for e in device_trace(snapshot)
+              if e["action"] in ("alloc", "free_requested") and e["addr"] in addresses]
+    assert events == expected
+
+
+def test_a_thread_s_blocks_keep_that_thread_s_stack(recording_python_stacks):
+    in_thread = {}
+
+    def allocate():
+        in_thread["stack"], in_thread["x"] = python_stack(), torch.empty(768, device=DEVICE)
+
+    thread = threading.Thread(target=allocate)
+    stack, x = python_stack(), torch.empty(768, device=DEVICE)
+    thread.start()
+    thread.join()
+    blocks = {b["address"]: b for s in MEMORY._snapshot()["segments"] for b in s["blocks"]}
+    assert named(blocks[x.untyped_storage().data_ptr()]["frames"]) == stack
+    assert named(blocks[in_thread["x"].untyped_storage().data_ptr()]["frames"]) == in_thread["stack"]
+    assert in_thread["stack"][0]["name"] == "allocate"
 
 
 @pytest.mark.parametrize(

@@ -160,26 +160,17 @@ struct DeletedEvent {
   Block* block;
 };
 
-// Memory history (record_memory_history): whether any is recorded, read on
-// every allocation and free; the settings, under their mutex.
-std::atomic<bool> recording_history{false};
-std::mutex history_mutex;
-MemoryHistory history_settings;
-
-MemoryHistory current_history() {
-  const std::lock_guard<std::mutex> lock(history_mutex);
-  return history_settings;
-}
+// Memory history (record_memory_history): what gathers the context of an
+// allocation and of a free, null where none is recorded; read on every
+// allocation and free, so recording off costs one relaxed load.
+std::atomic<GatherContext> gather_alloc_context{nullptr};
+std::atomic<GatherContext> gather_free_context{nullptr};
 
 // The context of an allocation (alloc) or a free (!alloc), gathered before the
 // allocator's lock is taken; null when none is recorded.
 std::shared_ptr<c10::GatheredContext> gather_context(bool alloc) {
-  if (C10_LIKELY(!recording_history.load(std::memory_order_relaxed))) {
-    return nullptr;
-  }
-  const MemoryHistory history = current_history();
-  const bool wanted = alloc ? history.block_context || history.alloc_context : history.free_context;
-  return wanted && history.gather != nullptr ? history.gather() : nullptr;
+  const GatherContext gather = (alloc ? gather_alloc_context : gather_free_context).load(std::memory_order_relaxed);
+  return C10_LIKELY(gather == nullptr) ? nullptr : gather();
 }
 
 int64_t now_us() {
@@ -1298,12 +1289,10 @@ int mempool_use_count(c10::DeviceIndex device, uint64_t mempool) {
 }
 
 void record_memory_history(const MemoryHistory& history, bool clear_trace) {
-  {
-    const std::lock_guard<std::mutex> lock(history_mutex);
-    history_settings = history;
-  }
   allocator_instance().record_history(history, clear_trace);
-  recording_history.store(history.gather != nullptr, std::memory_order_relaxed);
+  gather_alloc_context.store(
+      history.block_context || history.alloc_context ? history.gather : nullptr, std::memory_order_relaxed);
+  gather_free_context.store(history.free_context ? history.gather : nullptr, std::memory_order_relaxed);
 }
 
 MemorySnapshot memory_snapshot() {

@@ -11,7 +11,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/dynamo/cpython_includes.h>
 #include <torch/csrc/jit/serialization/pickler_helper.h>
-#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_numbers.h>
 
@@ -43,27 +42,14 @@
 #include "aten/OpenRegTensorFormat.h"
 #include "aten/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
+#include "python/OpenRegPythonStack.h"
 #include "runtime/OpenRegRuntime.h"
-
-// From torch/csrc/profiler/python/combined_traceback.h, which the wheel ships
-// but cannot be included (it includes nlohmann/json.hpp, which it does not).
-namespace torch {
-TORCH_API std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
-TORCH_PYTHON_API void installCapturedTracebackPython();
-} // namespace torch
 
 namespace {
 
 // Memory history (torch.openreg.memory._record_memory_history, _snapshot):
-// the allocator records contexts that this function gathers, the Python stack
-// (and TorchScript's, and C++ frames with stacks="all") as torch's
-// CapturedTraceback, which CUDA's allocator records too.
-std::atomic<bool> gather_cpp_frames{false};
-
-std::shared_ptr<c10::GatheredContext> gather_stack() {
-  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, gather_cpp_frames.load());
-}
-
+// the allocator records the contexts of python/OpenRegPythonStack.h, the
+// Python stack (and TorchScript's, and C++ frames with stacks="all").
 void record_memory_history(
     const std::optional<std::string>& enabled,
     const std::optional<std::string>& context,
@@ -84,17 +70,11 @@ void record_memory_history(
     history.trace = *enabled == "all";
     history.max_entries = max_entries;
     if (context) {
-      static const bool installed = [] {
-        torch::installCapturedTracebackPython();
-        return true;
-      }();
-      (void)installed;
       history.block_context = true;
       // Event contexts only where there is a trace to hold them.
       history.alloc_context = history.trace && *context != "state";
       history.free_context = history.trace && *context == "all";
-      history.gather = &gather_stack;
-      gather_cpp_frames = stacks == "all";
+      history.gather = stacks == "all" ? &openreg::gather_python_and_cpp_stack : &openreg::gather_python_stack;
     }
   }
   openreg::record_memory_history(history, clear_history);
@@ -162,31 +142,25 @@ py::dict memory_snapshot() {
     snapshot = openreg::memory_snapshot();
   }
   // Every context symbolized once, in one batch.
-  std::vector<torch::CapturedTraceback*> contexts;
-  auto note = [&](const std::shared_ptr<c10::GatheredContext>& context) {
-    if (auto* traceback = dynamic_cast<torch::CapturedTraceback*>(context.get())) {
-      contexts.push_back(traceback);
-    }
-  };
+  std::vector<const c10::GatheredContext*> contexts;
   for (const auto& segment : snapshot.segments) {
     for (const auto& block : segment.blocks) {
-      note(block.context);
+      contexts.push_back(block.context.get());
     }
   }
   for (const auto& trace : snapshot.device_traces) {
     for (const auto& entry : trace) {
-      note(entry.context);
+      contexts.push_back(entry.context.get());
     }
   }
   std::sort(contexts.begin(), contexts.end());
   contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
-  const std::vector<py::object> symbolized = torch::py_symbolize(contexts);
+  const std::vector<py::object> symbolized = openreg::symbolize_stacks(contexts);
   auto frames = [&](const std::shared_ptr<c10::GatheredContext>& context) -> py::object {
-    auto* traceback = dynamic_cast<torch::CapturedTraceback*>(context.get());
-    if (traceback == nullptr) {
+    if (context == nullptr) {
       return py::list();
     }
-    const auto it = std::lower_bound(contexts.begin(), contexts.end(), traceback);
+    const auto it = std::lower_bound(contexts.begin(), contexts.end(), context.get());
     return symbolized[static_cast<size_t>(it - contexts.begin())];
   };
   py::list segments;
