@@ -192,3 +192,22 @@ def test_a_mem_pool_with_an_allocator_takes_its_segments_from_the_library(librar
     gc.collect()
     torch.openreg.synchronize()
     assert counts.counted_frees() - frees == 2  # the pool's segments went back to the library
+
+
+def test_a_pool_s_segments_go_back_to_its_library_after_the_pool_is_gone(library):
+    import ctypes
+    import gc
+
+    counts = ctypes.CDLL(str(library))
+    allocator = torch.openreg.memory.OpenRegPluggableAllocator(str(library), "counting_alloc", "counting_free")
+    allocations, frees = counts.counted_allocations(), counts.counted_frees()
+    pool = torch.openreg.MemPool(allocator=allocator)
+    with torch.openreg.use_mem_pool(pool):
+        t = torch.ones(600, 500, device="openreg")
+    del pool, allocator  # the block outlives its pool
+    gc.collect()
+    assert t.sum().item() == 600 * 500
+    assert counts.counted_allocations() - allocations == 1 and counts.counted_frees() == frees
+    del t
+    torch.openreg.empty_cache()
+    assert counts.counted_frees() - frees == 1

@@ -602,7 +602,7 @@ class DeviceCache {
     }
     OPENREG_CHECK(status);
     if (via != nullptr) {
-      allocator_segments_[ptr] = via;
+      allocator_segments_.emplace(ptr, *via);
     }
     for (StatType type : {StatType::AGGREGATE, pool_type(pool)}) {
       const auto t = static_cast<size_t>(type);
@@ -819,7 +819,7 @@ class DeviceCache {
     auto via = allocator_segments_.find(block->ptr);
     if (via != allocator_segments_.end()) {
       const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device_));
-      via->second->free(
+      via->second.free(
           block->ptr, static_cast<ssize_t>(block->size), device_, raw_stream(make_stream(device_, block->stream)));
       allocator_segments_.erase(via);
     } else {
@@ -931,8 +931,8 @@ class DeviceCache {
   };
   std::unordered_map<uint64_t, PrivatePool> mempools_; // the live private pools
   // The segments of pools with an allocator, and the allocator each goes back
-  // to (the pool may be gone by then).
-  std::unordered_map<const void*, const PluggableAllocator*> allocator_segments_;
+  // to: a copy, since the pool (and its options) may be gone by then.
+  std::unordered_map<const void*, PluggableAllocator> allocator_segments_;
   uint64_t large_lookups_ = 0; // of the large pool's free set: the clock of garbage collection's ages
   std::set<Block*, BlockOrder>::node_type spare_node_;
   std::vector<Block*> spare_blocks_;

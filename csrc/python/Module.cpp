@@ -47,6 +47,14 @@
 
 namespace {
 
+// An OpenRegPluggableAllocator's two C functions, as Python hands over their
+// addresses (torch_openreg/openreg/memory.py; 0: none).
+openreg::PluggableAllocator pluggable_allocator(uintptr_t alloc, uintptr_t free) {
+  return {
+      reinterpret_cast<void* (*)(ssize_t, int, openreg::orStream_t)>(alloc),
+      reinterpret_cast<void (*)(void*, ssize_t, int, openreg::orStream_t)>(free)};
+}
+
 // Memory history (torch.openreg.memory._record_memory_history, _snapshot):
 // the allocator records the contexts of python/OpenRegPythonStack.h, the
 // Python stack (and TorchScript's, and C++ frames with stacks="all").
@@ -538,9 +546,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_caching_allocator_delete", [](uintptr_t ptr) { openreg::raw_delete(reinterpret_cast<void*>(ptr)); });
   m.def("_mem_pool_create", [](int index, uintptr_t alloc, uintptr_t free, bool use_on_oom, bool no_split) {
     openreg::MempoolOptions options;
-    options.allocator = {
-        reinterpret_cast<void* (*)(ssize_t, int, openreg::orStream_t)>(alloc),
-        reinterpret_cast<void (*)(void*, ssize_t, int, openreg::orStream_t)>(free)};
+    options.allocator = pluggable_allocator(alloc, free);
     options.use_on_oom = use_on_oom;
     options.no_split = no_split;
     return openreg::create_mempool(static_cast<c10::DeviceIndex>(index), options);
@@ -648,9 +654,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_caching_allocator_enable", &openreg::set_caching_allocator_enabled);
   m.def("_caching_allocator_is_enabled", &openreg::caching_allocator_enabled);
   m.def("_change_current_allocator", [](uintptr_t alloc, uintptr_t free) {
-    openreg::change_current_allocator(
-        {reinterpret_cast<void* (*)(ssize_t, int, openreg::orStream_t)>(alloc),
-         reinterpret_cast<void (*)(void*, ssize_t, int, openreg::orStream_t)>(free)});
+    openreg::change_current_allocator(pluggable_allocator(alloc, free));
   });
   m.def("_tensor_format", &openreg::tensor_format);
   m.def("_set_tensor_format", &openreg::set_tensor_format);
