@@ -26,6 +26,8 @@ from torch_openreg import _C  # noqa: F401  (loading it registers the backend)
 _C._check_config()
 
 torch.utils.rename_privateuse1_backend("openreg")
+# torch.accelerator.Graph finds a device's graph by the backend's name.
+_C._register_graph_impl()
 
 from torch_openreg import _import_hooks, openreg  # noqa: E402
 

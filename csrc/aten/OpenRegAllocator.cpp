@@ -408,6 +408,14 @@ class DeviceCache {
     mempools_[mempool] = PrivatePool{1, options};
   }
 
+  // A graph's pool (begin_capture_to_pool): made at the first capture into
+  // it, with that capture's use, as CUDA makes a graph's pool.
+  void use_or_create_mempool(uint64_t mempool) {
+    const std::lock_guard<SpinLock> lock(lock_);
+    auto it = mempools_.try_emplace(mempool, PrivatePool{0, MempoolOptions{}}).first;
+    ++it->second.uses;
+  }
+
   void use_mempool(uint64_t mempool) {
     const std::lock_guard<SpinLock> lock(lock_);
     auto it = mempools_.find(mempool);
@@ -963,7 +971,29 @@ c10::StreamId allocation_stream(c10::DeviceIndex device) {
 thread_local std::array<std::vector<uint64_t>, kMaxDevices> allocating_to;
 thread_local std::array<uint64_t, kMaxDevices> allocating_pool_of{};
 
+// The private pools of the streams being captured into graphs, per device:
+// what those streams allocate comes from them (begin_capture_to_pool), from
+// whatever thread (the autograd engine's, for a captured backward).
+struct CapturePools {
+  std::mutex mutex;
+  std::array<std::vector<std::pair<c10::StreamId, uint64_t>>, kMaxDevices> of;
+};
+CapturePools& capture_pools() {
+  static auto* pools = new CapturePools(); // leaked: allocations may come after static dtors
+  return *pools;
+}
+
 uint64_t allocating_pool(c10::DeviceIndex device) {
+  if (C10_UNLIKELY(orStreamCaptureUnderway()) && !orInsideKernel()) {
+    const c10::StreamId stream = current_stream_id(device);
+    CapturePools& pools = capture_pools();
+    const std::lock_guard<std::mutex> lock(pools.mutex);
+    for (const auto& [captured, mempool] : pools.of[device]) {
+      if (captured == stream) {
+        return mempool;
+      }
+    }
+  }
   return allocating_pool_of[device];
 }
 
@@ -1255,11 +1285,29 @@ double get_memory_fraction(c10::DeviceIndex device) {
   return allocator_instance().get_memory_fraction(device);
 }
 
-uint64_t create_mempool(c10::DeviceIndex device, const MempoolOptions& options) {
+uint64_t new_mempool_id() {
   static std::atomic<uint64_t> next_id{1};
-  const uint64_t mempool = next_id.fetch_add(1);
+  return next_id.fetch_add(1);
+}
+
+uint64_t create_mempool(c10::DeviceIndex device, const MempoolOptions& options) {
+  const uint64_t mempool = new_mempool_id();
   allocator_instance().cache(device).create_mempool(mempool, options);
   return mempool;
+}
+
+void begin_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream, uint64_t mempool) {
+  allocator_instance().cache(device).use_or_create_mempool(mempool);
+  CapturePools& pools = capture_pools();
+  const std::lock_guard<std::mutex> lock(pools.mutex);
+  pools.of[device].emplace_back(stream, mempool);
+}
+
+void end_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream) {
+  CapturePools& pools = capture_pools();
+  const std::lock_guard<std::mutex> lock(pools.mutex);
+  auto& of = pools.of[device];
+  of.erase(std::remove_if(of.begin(), of.end(), [stream](const auto& p) { return p.first == stream; }), of.end());
 }
 
 void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {

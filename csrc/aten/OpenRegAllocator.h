@@ -63,6 +63,14 @@ struct MempoolOptions {
   bool no_split = false; // its blocks are never split: each allocation takes a whole cached block
 };
 uint64_t create_mempool(c10::DeviceIndex device, const MempoolOptions& options);
+// An id no pool has yet (torch.openreg.graph_pool_handle).
+uint64_t new_mempool_id();
+// Graph capture (OpenRegGraph.cpp): while `stream` of `device` is captured,
+// what it allocates, from any thread, comes from private pool `mempool`,
+// made now if it does not exist; the capture takes one use of it, which
+// release_mempool gives back when the graph is reset.
+void begin_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream, uint64_t mempool);
+void end_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream);
 void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
 void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
 void release_mempool(c10::DeviceIndex device, uint64_t mempool);

@@ -13,6 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/resize_ops.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -402,9 +404,17 @@ struct QueuedCpuKernel {
   std::vector<KernelTensorMeta> planned;
   std::shared_ptr<LearntReturns> learnt;
   bool grad_mode = at::GradMode::is_enabled(); // the launching thread's
+  // Recorded into a graph: runs once per replay, so on a copy of the
+  // arguments (the call replaces them by its results).
+  bool captured = false;
 
   void operator()() {
     const at::AutoGradMode grad(grad_mode);
+    torch::jit::Stack copied;
+    if (captured) {
+      copied = stack;
+    }
+    torch::jit::Stack& arguments = captured ? copied : stack;
     c10::SmallVector<PlannedCpuAllocations::Block, 4> blocks;
     for (const KernelTensorMeta& m : planned) {
       if (m.defined && m.nbytes > 0) {
@@ -424,7 +434,7 @@ struct QueuedCpuKernel {
         // CPU's warnings for these operands came from the call that ran at
         // once; a kernel has no Python to warn.
         const c10::WarningUtils::WarningHandlerGuard quiet(&no_warnings());
-        op.redispatchBoxed(c10::DispatchKeySet(kernel_key), &stack);
+        op.redispatchBoxed(c10::DispatchKeySet(kernel_key), &arguments);
       }
       for (const auto& [k, placement] : written) {
         TORCH_CHECK(
@@ -433,7 +443,7 @@ struct QueuedCpuKernel {
             "with these shapes did not). This is an openreg bug; OPENREG_LAUNCH_BLOCKING=1 runs every kernel at once.");
       }
       const c10::SmallVector<const at::Tensor*, 8> results =
-          flat_tensors(c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - returns));
+          flat_tensors(c10::ArrayRef<c10::IValue>(arguments).slice(arguments.size() - returns));
       TORCH_INTERNAL_ASSERT(results.size() == learnt->results.size());
       for (size_t i = 0; i < results.size(); ++i) {
         const at::Tensor& t = *results[i];
@@ -525,6 +535,10 @@ class BoxedCpuKernelCall {
       run_here();
       return;
     }
+    if (current_stream_capturing(call_.where()->index())) {
+      learn_in_capture(*key);
+      return;
+    }
     // Learn: what the operands are before the call, what it returned after.
     std::vector<at::Tensor> operands;
     for (const at::Tensor* t : flat_tensors(arguments_on_stack())) {
@@ -539,6 +553,67 @@ class BoxedCpuKernelCall {
   }
 
  private:
+  // The first call with `key` while the stream is captured into a graph: the
+  // call cannot wait for the stream, and the work recorded before it has not
+  // run. It runs here on the memory as it is, its written operands replaced
+  // by fresh tensors of their geometry (so nothing the capture's replays
+  // will read changes), to learn its results' shapes (its results are
+  // dropped); then the call is recorded as a later one would be.
+  void learn_in_capture(const CallKey& key) {
+    const char* name = interned_name(schema_.operator_name());
+    const auto& parameters = schema_.arguments();
+    TORCH_CHECK(
+        std::none_of(parameters.begin(), parameters.end(), is_generator_argument), name,
+        " draws random numbers in CPU's kernel, on the stream, which a graph capture cannot record: each replay "
+        "would draw the same numbers. Draw them before capture_begin, or leave this operator out of the captured "
+        "region.");
+    const torch::jit::Stack arguments(stack_.begin() + static_cast<std::ptrdiff_t>(args_begin_), stack_.end());
+    c10::SmallVector<const c10::TensorImpl*, 2> written;
+    {
+      const c10::SmallVector<const at::Tensor*, 8> flat = flat_tensors(arguments_on_stack());
+      for (size_t k : written_operands()) {
+        written.push_back(flat[k]->unsafeGetTensorImpl());
+      }
+    }
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      if (is_written(parameters[i])) {
+        c10::IValue& value = stack_[args_begin_ + i];
+        value = map_tensors(value, [&](const at::Tensor& t) -> at::Tensor {
+          if (std::find(written.begin(), written.end(), t.unsafeGetTensorImpl()) == written.end()) {
+            return t;
+          }
+          return t.storage().nbytes() == 0 ? at::empty({0}, t.options())
+                                           : at::empty_strided(t.sizes(), t.strides(), t.options());
+        });
+      }
+    }
+    std::vector<at::Tensor> operands;
+    c10::SmallVector<std::pair<size_t, Placement>, 2> written_before;
+    for (const at::Tensor* t : flat_tensors(arguments_on_stack())) {
+      operands.push_back(*t);
+    }
+    for (size_t k : written_operands()) {
+      written_before.emplace_back(k, Placement::of(operands[k]));
+    }
+    call_.run_without_waiting();
+    try {
+      run_here();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(
+          false, name, " ran during a graph's capture, on values the capture has not computed yet, to learn its "
+          "results' shapes, and failed: ", e.what_without_backtrace(), "\nRun the captured code once before "
+          "capturing (a warm-up on a side stream, as CUDA asks).");
+    }
+    std::shared_ptr<LearntReturns> returns = learnt(operands, written_before);
+    TORCH_CHECK(
+        returns != nullptr, name, ": its results cannot be planned (they share memory with its operands, or are "
+        "not strided), so it cannot be recorded into a graph.");
+    memo().learn(key, returns);
+    stack_.resize(args_begin_);
+    stack_.insert(stack_.end(), arguments.begin(), arguments.end());
+    launch(std::move(returns));
+  }
+
   c10::ArrayRef<c10::IValue> arguments_on_stack() const {
     return c10::ArrayRef<c10::IValue>(stack_).slice(args_begin_, schema_.arguments().size());
   }
@@ -717,6 +792,7 @@ class BoxedCpuKernelCall {
     OpenRegGeneratorImpl* drawing = nullptr; // the generator the kernel draws from
     launch_kernel_made(device, learnt->name, [&]() -> QueuedCpuKernel {
       QueuedCpuKernel kernel{op_, kernel_key_, {}, schema_.returns().size(), {}, {}, std::move(planned), learnt};
+      kernel.captured = current_stream_capturing(device);
       // The operands as views at kernel addresses (CPU ones copied): one per
       // distinct tensor, one storage per device storage.
       std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> storages;
@@ -746,6 +822,10 @@ class BoxedCpuKernelCall {
       for (size_t i = 0; i < arguments.size(); ++i) {
         const c10::IValue& value = stack_[args_begin_ + i];
         if (is_generator_argument(arguments[i])) {
+          TORCH_CHECK(
+              !kernel.captured, learnt->name, " draws random numbers in CPU's kernel, on the stream, which a graph "
+              "capture cannot record: each replay would draw the same numbers. Draw them before capture_begin, or "
+              "leave this operator out of the captured region.");
           drawing = &openreg_generator_for(value.toOptional<at::Generator>(), device, learnt->name);
           drawing->order_queued_draw(current_raw_stream(device));
           kernel.stack.emplace_back(drawing->cpu_generator());

@@ -247,7 +247,12 @@ c10::DataPtr allocate_cpu_visible(c10::DeviceIndex index, size_t nbytes) {
   // The host writes this block at once. It came from the current stream's
   // pool, where another thread may have freed it after this thread joined
   // the stream while a kernel it queued still uses it: wait for that work.
-  wait_current_stream(index);
+  // While the stream is captured into a graph (a call learning its results'
+  // shapes, OpenRegBoxedCpuKernel.cpp), the block is the graph's, and none of
+  // the graph's work has run.
+  if (!current_stream_capturing(index)) {
+    wait_current_stream(index);
+  }
   void* data = orKernelAddress(device.get());
   {
     CpuVisibleRegistry& r = cpu_visible();

@@ -216,8 +216,11 @@ void CpuKernelCall::note(const std::optional<at::Generator>& generator, const ch
 }
 
 bool CpuKernelCall::may_queue() const {
-  if (!device_ || cpu_results_ || inside_kernel() || launch_blocking()) {
+  if (!device_ || cpu_results_ || inside_kernel()) {
     return false;
+  }
+  if (launch_blocking()) {
+    return current_stream_capturing(device_->index()); // recorded, not run
   }
   return !small_kernel_on_idle_stream(device_->index(), work_);
 }
@@ -236,7 +239,9 @@ void CpuKernelCall::begin() {
       check_sync_debug(name.c_str());
     }
   }
-  join_current_stream(device_->index());
+  if (wait_) {
+    join_current_stream(device_->index());
+  }
   orMarkKernel(device_->index()); // the CPU kernel runs here now, for utilization sampling
   marked_ = true;
   if (cpu_results_) {

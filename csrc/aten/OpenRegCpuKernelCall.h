@@ -120,11 +120,20 @@ class CpuKernelCall {
     cpu_results_ = true;
   }
 
+  // Before step 2: run on the memory as it is, without waiting for the
+  // stream: a call that only learns its results' shapes while the stream is
+  // captured into a graph, whose recorded work has not run (values are
+  // stale, shapes are not).
+  void run_without_waiting() {
+    wait_ = false;
+  }
+
   // After step 1: whether the kernel may be queued (OpenRegBoxedCpuKernel.h)
   // rather than run here: on an openreg device, outside a kernel, without
   // OPENREG_LAUNCH_BLOCKING=1, and not a small kernel (fewer than
   // kSmallKernel elements in every operand) on an idle stream, which runs at
-  // once as launch_kernel runs one.
+  // once as launch_kernel runs one. While the stream is captured into a
+  // graph: on an openreg device, outside a kernel, always.
   bool may_queue() const;
 
   // Step 2.
@@ -228,6 +237,7 @@ class CpuKernelCall {
   std::list<c10::List<std::optional<at::Tensor>>> more_lists_;
   bool redirecting_ = false;
   bool marked_ = false; // the kernel runs here: orMarkKernel(device) was called
+  bool wait_ = true; // begin() joins the current stream
   c10::DeviceIndex previous_redirect_ = -1;
   c10::SmallVector<Fresh, 2> fresh_;
   c10::SmallVector<Written, 2> written_;

@@ -21,6 +21,12 @@ namespace openreg {
                                  "the one that launched the kernel; set OPENREG_LAUNCH_BLOCKING=1 to raise it "
                                  "at the launch."));
   }
+  TORCH_CHECK(
+      err != orError::StreamCaptureUnsupported, "openreg runtime error: ", orGetErrorString(err), " (from ", expr,
+      "). The current stream is being captured into a graph, and this call waits for it or for the device: a "
+      "synchronization, a copy to the host, .item(), an operator whose result's shape depends on the device's "
+      "values, or one with an argument on the CPU. Make it before capture_begin or after capture_end. The "
+      "capture is now invalid: capture_end will raise.");
   TORCH_CHECK(false, "openreg runtime error: ", orGetErrorString(err), " (from ", expr, ")");
 }
 

@@ -319,7 +319,8 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
     make()();
     return;
   }
-  if (launch_blocking()) {
+  const bool capturing = current_stream_capturing(device);
+  if (launch_blocking() && !capturing) {
     // OPENREG_LAUNCH_BLOCKING=1: an error is raised by this call.
     run_kernel_inline(device, make());
     return;
@@ -327,7 +328,8 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
   using Kernel = detail::QueuedKernel<decltype(make())>;
   auto* kernel = new Kernel{make(), at::get_num_threads(), launch_site(), nullptr};
   orStream_t stream = current_raw_stream(device);
-  if (C10_UNLIKELY(trace::observed(trace::kProfile))) {
+  // A captured kernel runs at each replay; the profiler records its launch.
+  if (C10_UNLIKELY(trace::observed(trace::kProfile)) && !capturing) {
     // The profiler records the kernel when it runs, not the launching call.
     uint64_t id = 0;
     OPENREG_CHECK(orStreamGetId(stream, &id));
@@ -547,7 +549,8 @@ void run_here(const char* name, const std::array<const at::TensorBase*, N>& oper
 // launch of `key`'s combination of operand dtypes in `seen` (so CPU's dtype
 // errors raise at the call) and with OPENREG_LAUNCH_BLOCKING=1; here() as a
 // small kernel on an idle stream; otherwise the kernel make() returns,
-// queued.
+// queued. While the stream is captured into a graph, always the latter
+// (recorded): a dtype error then fails the replay.
 template <typename Here, typename Make>
 void run_or_launch(
     c10::DeviceIndex device, const char* name, int64_t work, SeenDtypes& seen, uint64_t key, Here& here, Make&& make) {
@@ -555,7 +558,7 @@ void run_or_launch(
     here();
     return;
   }
-  if (!seen.contains(key) || launch_blocking()) {
+  if ((!seen.contains(key) || launch_blocking()) && !current_stream_capturing(device)) {
     run_kernel_inline(device, here);
     seen.insert(key);
     return;

@@ -192,6 +192,15 @@ bool current_stream_idle(c10::DeviceIndex device) {
   return idle;
 }
 
+bool current_stream_capturing(c10::DeviceIndex device) {
+  if (C10_LIKELY(!orStreamCaptureUnderway())) {
+    return false;
+  }
+  bool capturing = false;
+  OPENREG_CHECK(orStreamIsCapturing(current_raw_stream(device), &capturing));
+  return capturing;
+}
+
 void wait_current_stream(c10::DeviceIndex device) {
   if (orStreamQueryAll() == orError::Success || inside_kernel()) {
     return; // nothing queued or failed anywhere, or already in stream order

@@ -42,6 +42,10 @@ void wait_current_stream(c10::DeviceIndex device);
 // Whether the current stream of `device` has nothing queued (a failure it
 // holds is not reported); two loads while no stream has work.
 bool current_stream_idle(c10::DeviceIndex device);
+// Whether the current stream of `device` is being captured into a graph
+// (OpenRegGraph.h): a launch is then recorded, never run; one relaxed load
+// while no stream captures.
+bool current_stream_capturing(c10::DeviceIndex device);
 
 // torch.openreg.set_sync_debug_mode, as c10/cuda's SyncDebugMode: 0 off, 1
 // warn, 2 error on every operation that makes the host wait for a stream

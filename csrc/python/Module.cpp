@@ -32,6 +32,7 @@
 #include "aten/OpenRegFallback.h"
 #include "aten/OpenRegGenerator.h"
 #include "aten/OpenRegGpuTrace.h"
+#include "aten/OpenRegGraph.h"
 #include "aten/OpenRegHostAllocator.h"
 #include "aten/OpenRegInductorLaunch.h"
 #include "aten/OpenRegIpc.h"
@@ -562,6 +563,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_mem_pool_use_count", [](int index, uint64_t id) {
     return openreg::mempool_use_count(static_cast<c10::DeviceIndex>(index), id);
+  });
+  m.def("_graph_pool_handle", [] { return py::make_tuple(0, openreg::new_mempool_id()); });
+  m.def("_register_graph_impl", &openreg::register_graph_impl);
+  m.def("_is_current_stream_capturing", [] {
+    return openreg::current_stream_capturing(openreg::current_device());
   });
   m.def("_host_memory_stats", &host_memory_stats);
   m.def("_reset_accumulated_host_memory_stats", [] { openreg::pinned_host_allocator()->reset_accumulated_stats(); });

@@ -37,6 +37,9 @@ enum class orError {
   NotReady,             // the stream or event still has work pending
   InvalidHandle,        // event without timing, event never recorded, ...
   LaunchFailure,        // a kernel queued earlier failed (orGetLaunchError says how)
+  StreamCaptureUnsupported, // the call would wait for (or order against) a stream being captured
+  StreamCaptureInvalidated, // the capture met a call it cannot record (StreamCaptureUnsupported)
+  StreamCaptureUnmatched,   // no capture to end on the stream, or one already begun there
 };
 
 enum class orMemcpyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
@@ -234,6 +237,48 @@ orError orEventQuery(orEvent_t event);
 orError orEventSynchronize(orEvent_t event);
 // Milliseconds between two completed events recorded with timing enabled.
 orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+
+// -- graphs ---------------------------------------------------------------------
+//
+// As CUDA's stream capture: between orStreamBeginCapture and
+// orStreamEndCapture, what is launched on the stream (kernels, asynchronous
+// copies, host functions) is recorded, not run, into a graph that
+// orGraphLaunch then queues on any stream as often as asked. A node keeps its
+// arguments until the graph is destroyed and the launches queued before are
+// done (a kernel's release runs then, once), so a kernel must be able to run
+// again with the same arguments.
+//
+// While a stream captures, a call that would wait for it or order against it
+// cannot be recorded: orStreamSynchronize, orStreamQuery, orEventRecord and
+// orStreamWaitEvent on it (the latter for an event not yet complete), and
+// orDeviceSynchronize as the mode says. Such a call returns
+// StreamCaptureUnsupported and invalidates the capture, whose end then
+// returns StreamCaptureInvalidated, as CUDA's does. Only one stream takes
+// part in a capture.
+enum orStreamCaptureMode {
+  // orDeviceSynchronize from any thread refuses while a stream of the device captures.
+  orStreamCaptureModeGlobal = 0,
+  // Only from the thread that began the capture.
+  orStreamCaptureModeThreadLocal = 1,
+  // Never: it waits for the device's other streams.
+  orStreamCaptureModeRelaxed = 2,
+};
+struct orGraph;
+using orGraph_t = orGraph*;
+orError orStreamBeginCapture(orStream_t stream, orStreamCaptureMode mode);
+// Ends the capture begun on `stream`; *graph receives what it recorded.
+orError orStreamEndCapture(orStream_t stream, orGraph_t* graph);
+orError orStreamIsCapturing(orStream_t stream, bool* capturing);
+// Whether any stream of the process captures now (one relaxed load).
+bool orStreamCaptureUnderway();
+// Queues the graph's nodes on `stream`, after the work queued there and after
+// the graph's previous launch (on whatever stream it was).
+orError orGraphLaunch(orGraph_t graph, orStream_t stream);
+// The nodes still queued run; their arguments are released after them.
+orError orGraphDestroy(orGraph_t graph);
+orError orGraphGetNodeCount(orGraph_t graph, size_t* count);
+// Writes the graph's nodes, in order, as a Graphviz file (cudaGraphDebugDotPrint).
+orError orGraphDebugDotPrint(orGraph_t graph, const char* path);
 
 // -- activity records -----------------------------------------------------------
 //

@@ -164,6 +164,9 @@ const char* orGetErrorString(orError error) {
     case orError::NotReady: return "work is still pending";
     case orError::InvalidHandle: return "invalid stream or event handle for this call";
     case orError::LaunchFailure: return "a kernel launched earlier failed";
+    case orError::StreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case orError::StreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case orError::StreamCaptureUnmatched: return "the stream is not capturing, or is capturing already";
   }
   return "unknown openreg error";
 }

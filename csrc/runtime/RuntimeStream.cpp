@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,27 @@ Task boxed(std::function<void()> fn, uint8_t busy) {
       nullptr,
       busy};
 }
+
+void release_tasks(const std::vector<Task>& tasks) {
+  for (const Task& task : tasks) {
+    if (task.release != nullptr) {
+      task.release(task.args);
+    }
+  }
+}
+
+// A capture under way on a stream (orStreamBeginCapture): the tasks launched
+// on it since, in order.
+struct Capture {
+  orStreamCaptureMode mode;
+  std::thread::id thread; // that began it
+  std::vector<Task> nodes;
+  bool invalidated = false; // a call it cannot record was made: the end fails
+};
+
+// Captures under way in the process: while 0, a launch checks no stream's
+// capture (one relaxed load).
+std::atomic<int> captures_underway{0};
 } // namespace
 
 struct orStream {
@@ -128,6 +150,13 @@ struct orStream {
   alignas(64) std::atomic<uint64_t> completed{0};
   uint64_t taken = 0; // tasks the worker took; the worker's own
   std::atomic<uint8_t> busy{0}; // the running task's kBusy* bits; written by the worker, sampled
+
+  // The capture under way on this stream, if any (orStreamBeginCapture), and
+  // whether there is one, read without the lock by every launch while a
+  // capture is under way anywhere.
+  std::mutex capture_mutex;
+  std::unique_ptr<Capture> capture; // under capture_mutex
+  std::atomic<bool> capturing{false};
 
   // The first failure of a kernel not yet reported.
   alignas(64) std::mutex failure_mutex;
@@ -175,6 +204,57 @@ struct orStream {
     spare_buffer() = std::move(tasks);
   }
 
+  bool is_capturing() const {
+    return captures_underway.load(std::memory_order_relaxed) > 0 && capturing.load(std::memory_order_acquire);
+  }
+
+  // Records `task` into the stream's capture, if it captures (a capture that
+  // was invalidated drops it); false, doing nothing, if it does not.
+  bool record_in_capture(const Task& task) {
+    if (!is_capturing()) {
+      return false;
+    }
+    std::unique_lock<std::mutex> lock(capture_mutex);
+    if (capture == nullptr) {
+      return false;
+    }
+    if (!capture->invalidated) {
+      capture->nodes.push_back(task);
+      return true;
+    }
+    lock.unlock();
+    release_tasks({task});
+    return true;
+  }
+
+  // A call a capture cannot record, made on this stream: StreamCaptureUnsupported
+  // and the capture invalidated if it captures (`device_wide`, for a device
+  // synchronization: only if the capture's mode refuses it from the calling
+  // thread); Success otherwise.
+  orError refuse_if_capturing(bool device_wide = false) {
+    if (!is_capturing()) {
+      return orError::Success;
+    }
+    std::lock_guard<std::mutex> lock(capture_mutex);
+    if (capture == nullptr) {
+      return orError::Success;
+    }
+    if (device_wide &&
+        (capture->mode == orStreamCaptureModeRelaxed ||
+         (capture->mode == orStreamCaptureModeThreadLocal && capture->thread != std::this_thread::get_id()))) {
+      return orError::Success;
+    }
+    capture->invalidated = true;
+    return orError::StreamCaptureUnsupported;
+  }
+
+  // Records `task` if the stream captures, else queues it.
+  void submit(const Task& task) {
+    if (!record_in_capture(task)) {
+      enqueue(task);
+    }
+  }
+
   // Queues `task`; returns its position in the stream's sequence.
   uint64_t enqueue(Task task) {
     if (const uint64_t n = enqueued.load(std::memory_order_acquire); n >= kMaxPending && worker_of != this) {
@@ -218,6 +298,17 @@ struct orStream {
 
   uint64_t enqueue(std::function<void()> fn, uint8_t busy = 0) {
     return enqueue(boxed(std::move(fn), busy));
+  }
+
+  // Waits for the work enqueued before the call (not for work added
+  // meanwhile); reports a kernel failure.
+  orError synchronize() {
+    if (const orError refused = refuse_if_capturing(); refused != orError::Success) {
+      return refused;
+    }
+    wait_until(enqueued.load(std::memory_order_acquire));
+    reclaim();
+    return take_failure();
   }
 
   const Task& next() {
@@ -311,14 +402,6 @@ struct orStream {
     sleepers.fetch_add(1);
     work_done.wait(lock, [&] { return reached(position); });
     sleepers.fetch_sub(1);
-  }
-
-  // Waits for the work enqueued before the call (not for work added
-  // meanwhile); reports a kernel failure.
-  orError synchronize() {
-    wait_until(enqueued.load(std::memory_order_acquire));
-    reclaim();
-    return take_failure();
   }
 };
 
@@ -438,8 +521,16 @@ orError synchronize_device_streams(int device) {
     std::lock_guard<std::mutex> lock(t.mutex);
     streams = t.streams[device];
   }
+  for (orStream* stream : streams) {
+    if (const orError refused = stream->refuse_if_capturing(/*device_wide=*/true); refused != orError::Success) {
+      return refused;
+    }
+  }
   orError status = orError::Success;
   for (orStream* stream : streams) {
+    if (stream->is_capturing()) {
+      continue; // a relaxed capture (or another thread's): nothing of it is queued
+    }
     if (const orError err = stream->synchronize(); status == orError::Success) {
       status = err;
     }
@@ -522,13 +613,17 @@ orError orStreamQuery(orStream_t stream) {
   if (stream == nullptr) {
     return orError::InvalidValue;
   }
+  if (const orError refused = stream->refuse_if_capturing(); refused != orError::Success) {
+    return refused;
+  }
   return stream->idle() ? stream->take_failure() : orError::NotReady;
 }
 
 orError orStreamQueryAll() {
   // Acquire: reading 0 makes every completed task's writes visible, as
   // orStreamQuery's acquire of a stream's completed count does.
-  return pending_tasks.load(std::memory_order_acquire) == 0 && failed_streams.load(std::memory_order_acquire) == 0
+  return pending_tasks.load(std::memory_order_acquire) == 0 && failed_streams.load(std::memory_order_acquire) == 0 &&
+          captures_underway.load(std::memory_order_relaxed) == 0
       ? orError::Success
       : orError::NotReady;
 }
@@ -537,7 +632,7 @@ orError orStreamIsIdle(orStream_t stream, bool* idle) {
   if (stream == nullptr || idle == nullptr) {
     return orError::InvalidValue;
   }
-  *idle = stream->idle();
+  *idle = stream->idle() && !stream->is_capturing();
   return orError::Success;
 }
 
@@ -563,6 +658,9 @@ orError orStreamWaitEvent(orStream_t stream, orEvent_t event) {
   std::shared_ptr<EventState> state = event->state;
   const EventState::Point point = event->state->point();
   if (!point.complete()) {
+    if (const orError refused = stream->refuse_if_capturing(); refused != orError::Success) {
+      return refused;
+    }
     stream->enqueue([point] { point.stream->wait_until(point.position); });
   }
   return orError::Success;
@@ -581,17 +679,17 @@ orError orMemcpyAsync(void* dst, const void* src, size_t count, orMemcpyKind kin
   if (orActivityCallback report = detail::activity_callback()) {
     // The record is made now, on the issuing thread, for its correlation id;
     // the worker times the copy when it runs.
-    stream->enqueue(
+    stream->submit(boxed(
         [to, from, count, report, record = detail::memcpy_record(dst, src, count, kind, stream)]() mutable {
           record.start_ns = orActivityGetTimestamp();
           detail::copy_bytes(to, from, count);
           record.end_ns = orActivityGetTimestamp();
           report(record);
         },
-        kBusyMemory);
+        kBusyMemory));
     return orError::Success;
   }
-  stream->enqueue([to, from, count] { detail::copy_bytes(to, from, count); }, kBusyMemory);
+  stream->submit(boxed([to, from, count] { detail::copy_bytes(to, from, count); }, kBusyMemory));
   return orError::Success;
 }
 
@@ -599,7 +697,7 @@ orError orLaunchHostFunc(orStream_t stream, void (*fn)(void*), void* data) {
   if (stream == nullptr || fn == nullptr) {
     return orError::InvalidValue;
   }
-  stream->enqueue(Task{fn, data, nullptr, nullptr, kBusyKernel});
+  stream->submit(Task{fn, data, nullptr, nullptr, kBusyKernel});
   return orError::Success;
 }
 
@@ -622,7 +720,11 @@ orError orLaunchKernel(orStream_t stream, orKernelFn kernel, void* args, orKerne
     kernel(args);
     return orError::Success;
   }
-  stream->enqueue(Task{kernel, args, release, name, kBusyKernel | kBusyMemory});
+  const Task task{kernel, args, release, name, kBusyKernel | kBusyMemory};
+  if (stream->record_in_capture(task)) {
+    return orError::Success; // nothing runs while capturing
+  }
+  stream->enqueue(task);
   if (const detail::Config* config = detail::config(); config != nullptr && config->launch_blocking) {
     return stream->synchronize();
   }
@@ -668,6 +770,9 @@ orError orEventDestroy(orEvent_t event) {
 orError orEventRecord(orEvent_t event, orStream_t stream) {
   if (event == nullptr || stream == nullptr) {
     return orError::InvalidValue;
+  }
+  if (const orError refused = stream->refuse_if_capturing(); refused != orError::Success) {
+    return refused;
   }
   record(event->state, stream);
   return orError::Success;
@@ -716,6 +821,145 @@ orError orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   }
   *ms = std::chrono::duration<float, std::milli>(last.time - first.time).count();
   return orError::Success;
+}
+
+// -- graphs -------------------------------------------------------------------
+
+namespace {
+// A graph's recorded tasks, released when the graph is destroyed and the
+// launches queued before have completed (each launch's last task holds them).
+struct GraphNodes {
+  std::vector<Task> tasks;
+  GraphNodes() = default;
+  GraphNodes(const GraphNodes&) = delete;
+  GraphNodes& operator=(const GraphNodes&) = delete;
+  ~GraphNodes() {
+    release_tasks(tasks);
+  }
+};
+using SharedNodes = std::shared_ptr<const GraphNodes>;
+} // namespace
+
+struct orGraph {
+  explicit orGraph(SharedNodes nodes) : nodes(std::move(nodes)) {}
+  const SharedNodes nodes;
+  std::mutex mutex; // orders launches
+  orStream* last_stream = nullptr; // of the last launch, and its last task
+  uint64_t last_position = 0;
+};
+
+orError orStreamBeginCapture(orStream_t stream, orStreamCaptureMode mode) {
+  if (stream == nullptr || mode < orStreamCaptureModeGlobal || mode > orStreamCaptureModeRelaxed) {
+    return orError::InvalidValue;
+  }
+  std::lock_guard<std::mutex> lock(stream->capture_mutex);
+  if (stream->capture != nullptr) {
+    return orError::StreamCaptureUnmatched;
+  }
+  stream->capture = std::make_unique<Capture>(Capture{mode, std::this_thread::get_id(), {}, false});
+  captures_underway.fetch_add(1);
+  stream->capturing.store(true, std::memory_order_release);
+  return orError::Success;
+}
+
+orError orStreamEndCapture(orStream_t stream, orGraph_t* graph) {
+  if (stream == nullptr || graph == nullptr) {
+    return orError::InvalidValue;
+  }
+  std::unique_ptr<Capture> capture;
+  {
+    std::lock_guard<std::mutex> lock(stream->capture_mutex);
+    if (stream->capture == nullptr) {
+      return orError::StreamCaptureUnmatched;
+    }
+    capture = std::move(stream->capture);
+    stream->capturing.store(false, std::memory_order_release);
+    captures_underway.fetch_sub(1);
+  }
+  auto nodes = std::make_shared<GraphNodes>();
+  nodes->tasks = std::move(capture->nodes);
+  if (capture->invalidated) {
+    return orError::StreamCaptureInvalidated; // `nodes` releases what was recorded
+  }
+  *graph = new orGraph(std::move(nodes));
+  return orError::Success;
+}
+
+orError orStreamIsCapturing(orStream_t stream, bool* capturing) {
+  if (stream == nullptr || capturing == nullptr) {
+    return orError::InvalidValue;
+  }
+  *capturing = stream->is_capturing();
+  return orError::Success;
+}
+
+bool orStreamCaptureUnderway() {
+  return captures_underway.load(std::memory_order_relaxed) > 0;
+}
+
+orError orGraphLaunch(orGraph_t graph, orStream_t stream) {
+  if (graph == nullptr || stream == nullptr) {
+    return orError::InvalidValue;
+  }
+  if (const orError refused = stream->refuse_if_capturing(); refused != orError::Success) {
+    return refused;
+  }
+  std::lock_guard<std::mutex> lock(graph->mutex);
+  // A graph's launches never overlap (its nodes reuse the same memory), as
+  // CUDA orders a graph's launch after its previous one.
+  if (orStream* last = graph->last_stream; last != nullptr && last != stream && !last->reached(graph->last_position)) {
+    stream->enqueue([last, position = graph->last_position] { last->wait_until(position); });
+  }
+  for (const Task& node : graph->nodes->tasks) {
+    stream->enqueue(Task{node.run, node.args, nullptr, node.name, node.busy});
+  }
+  graph->last_position = stream->enqueue(Task{
+      [](void*) {}, new SharedNodes(graph->nodes), [](void* nodes) { delete static_cast<SharedNodes*>(nodes); },
+      nullptr, 0});
+  graph->last_stream = stream;
+  if (const detail::Config* config = detail::config(); config != nullptr && config->launch_blocking) {
+    return stream->synchronize();
+  }
+  return orError::Success;
+}
+
+orError orGraphDestroy(orGraph_t graph) {
+  if (graph == nullptr) {
+    return orError::InvalidValue;
+  }
+  delete graph;
+  return orError::Success;
+}
+
+orError orGraphGetNodeCount(orGraph_t graph, size_t* count) {
+  if (graph == nullptr || count == nullptr) {
+    return orError::InvalidValue;
+  }
+  *count = graph->nodes->tasks.size();
+  return orError::Success;
+}
+
+orError orGraphDebugDotPrint(orGraph_t graph, const char* path) {
+  if (graph == nullptr || path == nullptr) {
+    return orError::InvalidValue;
+  }
+  std::ofstream out(path);
+  if (!out) {
+    return orError::InvalidValue;
+  }
+  out << "digraph openreg_graph {\n";
+  const std::vector<Task>& tasks = graph->nodes->tasks;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const char* what = tasks[i].name != nullptr ? tasks[i].name
+        : (tasks[i].busy & kBusyKernel) != 0    ? "host function"
+                                                : "memcpy";
+    out << "  n" << i << " [label=\"" << i << ": " << what << "\"];\n";
+    if (i > 0) {
+      out << "  n" << i - 1 << " -> n" << i << ";\n";
+    }
+  }
+  out << "}\n";
+  return out ? orError::Success : orError::InvalidValue;
 }
 
 namespace {

@@ -22,7 +22,6 @@ __all__ = [
     "get_sync_debug_mode",
     "init",
     "is_available",
-    "is_current_stream_capturing",
     "is_initialized",
     "is_tf32_supported",
     "memory_usage",
@@ -228,11 +227,6 @@ def memory_usage(device: Any = None) -> int:
     return _C._utilization(_device_index(device))[1]
 
 
-def is_current_stream_capturing() -> bool:
-    """False: openreg has no graph capture (torch.cuda.graph's), so no stream is ever capturing."""
-    return False
-
-
 def is_tf32_supported() -> bool:
     """False: openreg's matrix products run CPU kernels in full float32; there is no TF32."""
     return False
@@ -246,9 +240,11 @@ from torch_openreg.openreg.memory import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.random import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.streams import *  # noqa: E402,F401,F403
 from torch_openreg.openreg.formats import *  # noqa: E402,F401,F403
+from torch_openreg.openreg import graphs  # noqa: E402
+from torch_openreg.openreg.graphs import *  # noqa: E402,F401,F403
 
 __all__ += ["amp", "get_amp_supported_dtype", "is_bf16_supported", "sanitizer"]
-__all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all__ + formats.__all__
+__all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all__ + formats.__all__ + ["graphs"] + graphs.__all__
 
 diagnostics._apply_environment()
 

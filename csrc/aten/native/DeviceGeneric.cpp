@@ -73,6 +73,7 @@
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegGenerator.h"
+#include "aten/OpenRegGraph.h"
 #include "aten/OpenRegCpuAlias.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegStream.h"
@@ -211,15 +212,16 @@ namespace {
 // kernel, and with OPENREG_LAUNCH_BLOCKING=1, after waiting for it), else into
 // host memory of self's geometry, which a kernel queued on the stream copies
 // into `self`: the call does not wait for the work queued before it, and the
-// values land in stream order. OPENREG_QUEUE_ALL_KERNELS=1 stages every draw.
+// values land in stream order. OPENREG_QUEUE_ALL_KERNELS=1 stages every draw,
+// and so does a graph's replay (capture_draws).
 class DrawTarget {
  public:
-  DrawTarget(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op)
+  DrawTarget(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, bool staged = false)
       : self_(self), op_(op) {
     check_on_openreg(self, op);
     generator_ = &cpu_generator_for(generator, self.device().index(), op);
     const c10::DeviceIndex device = self.device().index();
-    if (inside_kernel() || launch_blocking() || (!queue_all_kernels() && current_stream_idle(device))) {
+    if (!staged && (inside_kernel() || launch_blocking() || (!queue_all_kernels() && current_stream_idle(device)))) {
       join_current_stream(device);
     } else {
       staged_ = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kCPU));
@@ -228,6 +230,9 @@ class DrawTarget {
   DrawTarget(const DrawTarget&) = delete;
   DrawTarget& operator=(const DrawTarget&) = delete;
 
+  const at::Tensor& self() const {
+    return self_;
+  }
   const at::Generator& generator() const {
     return *generator_;
   }
@@ -248,6 +253,10 @@ class DrawTarget {
     }
     return alias_->get();
   }
+  // The staged draws, for a graph's replay (capture_draws).
+  at::Tensor take_staged() {
+    return std::move(staged_);
+  }
   // The draws were made: a staged one is queued for `self`.
   void done() {
     if (!staged_.defined()) {
@@ -266,9 +275,58 @@ class DrawTarget {
   std::optional<ScopedCpuAlias> alias_;
 };
 
+// Draws already made, for the kernel of a graph that copies them into the
+// tensor, one replay's per run, in the order the replays made them.
+class ReplayDraws {
+ public:
+  void push(at::Tensor values) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    values_.push_back(std::move(values));
+  }
+  at::Tensor pop() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_INTERNAL_ASSERT(!values_.empty(), "a graph's random operator ran without its replay's draws");
+    at::Tensor values = std::move(values_.front());
+    values_.pop_front();
+    return values;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<at::Tensor> values_;
+};
+
+// A random operator while the current stream is captured into a graph:
+// nothing is drawn now. Each replay draws afresh, on the host before it
+// queues the graph's kernels (OpenRegGraph.h), so the generator advances at
+// the replay as at an eager call, and the recorded kernel copies that
+// replay's values into `self` (CUDA's graphs get fresh numbers per replay too,
+// from a Philox offset the replay advances).
+template <typename Draw>
+void capture_draws(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Draw draw) {
+  check_on_openreg(self, op);
+  const c10::DeviceIndex device = self.device().index();
+  (void)cpu_generator_for(generator, device, op); // its errors raise at the call
+  auto draws = std::make_shared<ReplayDraws>();
+  add_replay_step(device, [draws, self = at::Tensor(self), generator, op, draw]() -> std::function<void()> {
+    DrawTarget target(self, generator, op, /*staged=*/true);
+    draw(target);
+    return [draws, values = target.take_staged()]() mutable { draws->push(std::move(values)); };
+  });
+  launch_kernel_made(device, op, [&] {
+    return [target = kernel_cpu_tensor_meta(self), draws] { kernel_view(target).copy_(draws->pop()); };
+  });
+}
+
 // draw(target) into `self`, then the staged values queued (DrawTarget).
+// draw takes what it needs by value, and `self` from the target: under graph
+// capture it runs at each replay (capture_draws).
 template <typename Draw>
 at::Tensor& draw_into(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Draw&& draw) {
+  if (C10_UNLIKELY(current_stream_capturing(self.device().index()))) {
+    capture_draws(self, generator, op, std::forward<Draw>(draw));
+    return self;
+  }
   DrawTarget target(self, generator, op);
   draw(target);
   target.done();
@@ -278,9 +336,9 @@ at::Tensor& draw_into(at::Tensor& self, const std::optional<at::Generator>& gene
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
   // A negative or NaN std takes torch's implementation, which raises.
-  return draw_into(self, generator, "aten::normal_", [&](DrawTarget& target) {
-    if (std >= 0 && normal_fill_applies(self)) {
-      normal_fill(self, target.data(), mean, std, target.cpu_generator());
+  return draw_into(self, generator, "aten::normal_", [=](DrawTarget& target) {
+    if (std >= 0 && normal_fill_applies(target.self())) {
+      normal_fill(target.self(), target.data(), mean, std, target.cpu_generator());
     } else {
       at::native::normal_(target.tensor(), mean, std, target.generator());
     }
@@ -297,9 +355,9 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::
   if (n >= 0 && (out.dim() != 1 || out.size(0) != n)) {
     out.resize_({n});
   }
-  return draw_into(out, generator, "aten::randperm", [&](DrawTarget& target) {
-    if (randperm_fill_applies(out, n)) {
-      randperm_fill(out, target.data(), n, target.cpu_generator());
+  return draw_into(out, generator, "aten::randperm", [=](DrawTarget& target) {
+    if (randperm_fill_applies(target.self(), n)) {
+      randperm_fill(target.self(), target.data(), n, target.cpu_generator());
     } else {
       at::native::randperm_out_cpu(n, target.generator(), target.tensor());
     }
@@ -308,9 +366,9 @@ at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> generator, at::
 
 at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Generator> generator) {
   // A p outside [0, 1] (or NaN) takes torch's implementation, which raises.
-  return draw_into(self, generator, "aten::bernoulli_", [&](DrawTarget& target) {
-    if (0 <= p && p <= 1 && bernoulli_fill_applies(self)) {
-      bernoulli_fill(self, target.data(), p, target.cpu_generator());
+  return draw_into(self, generator, "aten::bernoulli_", [=](DrawTarget& target) {
+    if (0 <= p && p <= 1 && bernoulli_fill_applies(target.self())) {
+      bernoulli_fill(target.self(), target.data(), p, target.cpu_generator());
     } else {
       at::native::bernoulli_(target.tensor(), p, target.generator());
     }
@@ -322,9 +380,9 @@ at::Tensor& bernoulli_float(at::Tensor& self, double p, std::optional<at::Genera
 // uniform_(0, 1) and random_() of a contiguous tensor a plain loop in memory
 // order, the order CPU's serial kernels draw in.
 at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::uniform_", [&](DrawTarget& target) {
-    if (from == 0.0 && to == 1.0 && uniform_fill_applies(self)) {
-      uniform_fill(self, target.data(), target.cpu_generator());
+  return draw_into(self, generator, "aten::uniform_", [=](DrawTarget& target) {
+    if (from == 0.0 && to == 1.0 && uniform_fill_applies(target.self())) {
+      uniform_fill(target.self(), target.data(), target.cpu_generator());
     } else {
       at::native::uniform_(target.tensor(), from, to, target.generator());
     }
@@ -332,9 +390,9 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at:
 }
 
 at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::random_", [&](DrawTarget& target) {
-    if (random_fill_applies(self)) {
-      random_fill(self, target.data(), target.cpu_generator());
+  return draw_into(self, generator, "aten::random_", [=](DrawTarget& target) {
+    if (random_fill_applies(target.self())) {
+      random_fill(target.self(), target.data(), target.cpu_generator());
     } else {
       at::native::random_(target.tensor(), target.generator());
     }
@@ -346,13 +404,13 @@ at::Tensor& random_from(
     int64_t from,
     std::optional<int64_t> to,
     std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::random_", [&](DrawTarget& target) {
+  return draw_into(self, generator, "aten::random_", [=](DrawTarget& target) {
     at::native::random_(target.tensor(), from, to, target.generator());
   });
 }
 
 at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::random_", [&](DrawTarget& target) {
+  return draw_into(self, generator, "aten::random_", [=](DrawTarget& target) {
     at::native::random_(target.tensor(), to, target.generator());
   });
 }
@@ -360,25 +418,25 @@ at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator>
 // The other distributions with scalar parameters: torch's implementation on
 // the target's CPU tensor.
 at::Tensor& exponential_(at::Tensor& self, double lambd, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::exponential_", [&](DrawTarget& target) {
+  return draw_into(self, generator, "aten::exponential_", [=](DrawTarget& target) {
     at::native::exponential_(target.tensor(), lambd, target.generator());
   });
 }
 
 at::Tensor& cauchy_(at::Tensor& self, double median, double sigma, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::cauchy_", [&](DrawTarget& target) {
+  return draw_into(self, generator, "aten::cauchy_", [=](DrawTarget& target) {
     at::native::cauchy_(target.tensor(), median, sigma, target.generator());
   });
 }
 
 at::Tensor& log_normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::log_normal_", [&](DrawTarget& target) {
+  return draw_into(self, generator, "aten::log_normal_", [=](DrawTarget& target) {
     at::native::log_normal_(target.tensor(), mean, std, target.generator());
   });
 }
 
 at::Tensor& geometric_(at::Tensor& self, double p, std::optional<at::Generator> generator) {
-  return draw_into(self, generator, "aten::geometric_", [&](DrawTarget& target) {
+  return draw_into(self, generator, "aten::geometric_", [=](DrawTarget& target) {
     at::native::geometric_(target.tensor(), p, target.generator());
   });
 }
