@@ -169,14 +169,17 @@ def make_graphed_callables(
             outputs=needed, inputs=tuple(i for i in surface if i.requires_grad), grad_outputs=grad_outputs,
             only_inputs=True, allow_unused=allow_unused_input)
 
-    # Warm-up on a side stream, so that what a first call does once (learning
-    # a kernel's result shapes, lazy initialisation) is not captured.
+    # Warm-up on a side stream, so that what a first call does once (lazy
+    # initialisation) is not captured. Nothing of it may stay alive: autograd
+    # nodes made on the warm-up's stream (the parameters' AccumulateGrad)
+    # would make the captured backward synchronise with that stream.
     openreg.synchronize()
     with openreg.stream(openreg.Stream()):
         for c, args, surface in zip(callables, sample_args, surfaces):
             for _ in range(num_warmup_iters):
                 outputs = tuple(torch.utils._pytree.tree_leaves(c(*args)))
                 grads_of(outputs, surface, tuple(torch.empty_like(o) for o in outputs if o.requires_grad))
+                del outputs
     openreg.synchronize()
 
     # All graphs share the pool, so they are captured in the order they will
