@@ -544,6 +544,20 @@ def test_set_rng_state_rejects_a_state_of_the_wrong_size():
         torch.openreg.set_rng_state(torch.zeros(3, dtype=torch.uint8))
 
 
+def test_set_rng_state_refuses_an_offset_it_would_take_minutes_to_reach():
+    """The Mersenne Twister moves draw by draw: an offset beyond 2^35 pairs raises
+    at once instead of seeming to hang, and leaves the state as it was."""
+    torch.openreg.manual_seed(5)
+    torch.rand(3, device="openreg")
+    before = torch.openreg.get_rng_state()
+    far = torch.tensor([5, 1 << 40], dtype=torch.int64).view(torch.uint8)
+    with pytest.raises(ValueError, match="too far"):
+        torch.openreg.set_rng_state(far)
+    assert torch.equal(torch.openreg.get_rng_state(), before)
+    torch.openreg.set_rng_state(torch.tensor([5, 1 << 20], dtype=torch.int64).view(torch.uint8))
+    assert seed_and_draws(torch.openreg.get_rng_state()) == (5, 1 << 21)
+
+
 def test_rng_state_is_the_seed_and_the_position_in_the_seeds_cpu_stream():
     # CUDA's layout (seed, offset), which DTensor's OffsetBasedRNGTracker reads and moves;
     # the offset counts pairs of CPU draws, an odd one in ODD_DRAW_BIT.

@@ -410,3 +410,20 @@ def test_models_forward_and_training_step_in_graphs(name):
         for (pname, p), q in zip(graphed.named_parameters(), eager.parameters()):
             if q.grad is not None:
                 torch.testing.assert_close(p.grad, q.grad, msg=lambda m: f"{pname}: {m}")
+
+
+def test_compiled_function_in_a_graph():
+    """Inductor's generated kernels are launched like any kernel: captured, then
+    replayed on new inputs."""
+    x = torch.randn(1000, device=DEV)
+
+    @torch.compile(backend="inductor")
+    def f(x):
+        return (x.sin() * 2 + 1).relu()
+
+    g, y = captured(f, x, warm_up=True)  # the warm-up compiles
+    for _ in range(2):
+        new = torch.randn(1000)
+        x.copy_(new.to(DEV))
+        g.replay()
+        torch.testing.assert_close(y.cpu(), (new.sin() * 2 + 1).relu())

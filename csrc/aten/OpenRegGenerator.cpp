@@ -63,15 +63,20 @@ void skip_draws(at::mt19937& engine, uint64_t count) {
   }
 }
 
+// The most draws a state moves by at once (set_rng_state's offset, the walk
+// of draws_between): skipping costs about 3 ns per draw, so 2^36 draws about
+// 3 minutes. Beyond it, the state would seem to hang.
+constexpr uint64_t kMaxSkip = uint64_t{1} << 36;
+
 // How many draws lead from `from` to `to`, or nullopt if `to` is not ahead of
-// it in the same stream. Walks a block at a time, comparing the twisted state.
+// it in the same stream (within kMaxSkip). Walks a block at a time, comparing
+// the twisted state.
 std::optional<uint64_t> draws_between(at::mt19937 from, const at::mt19937& to) {
   const at::mt19937_data_pod target = to.data();
   if (from.seed() != target.seed_) {
     return std::nullopt;
   }
-  uint64_t count = 0;
-  for (;;) {
+  for (uint64_t count = 0; count <= kMaxSkip;) {
     const at::mt19937_data_pod data = from.data();
     if (data.state_ == target.state_) {
       const bool ahead = target.left_ <= data.left_ &&
@@ -82,6 +87,7 @@ std::optional<uint64_t> draws_between(at::mt19937 from, const at::mt19937& to) {
     skip_draws(from, static_cast<uint64_t>(data.left_));
     count += static_cast<uint64_t>(data.left_);
   }
+  return std::nullopt;
 }
 
 } // namespace
@@ -176,22 +182,25 @@ std::optional<uint64_t> OpenRegGeneratorImpl::stream_position() const {
   }
   at::mt19937 now = cpu.engine();
   const std::optional<uint64_t> drawn = draws_between(mark_->engine, now);
-  TORCH_INTERNAL_ASSERT(drawn.has_value(), "openreg generator: the CPU generator left its seed's stream");
+  TORCH_INTERNAL_ASSERT(
+      drawn.has_value(), "openreg generator: its CPU generator is not ahead of its last known position in its seed's "
+      "stream (or more than 2^36 draws ahead), so its (seed, offset) state cannot be told");
   mark_ = StreamMark{now, mark_->draws + *drawn};
   return mark_->draws;
 }
 
 void OpenRegGeneratorImpl::seek(uint64_t seed, uint64_t draws) {
-  at::CPUGeneratorImpl& cpu = cpu_impl(cpu_);
-  cpu.set_current_seed(seed); // also forgets the cached normal samples
-  at::mt19937 engine = cpu.engine();
-  uint64_t from = 0;
   // DTensor's tracker moves forward a shard at a time: start from the mark
   // when it is on the way rather than from the seed.
-  if (mark_.has_value() && mark_->engine.seed() == seed && mark_->draws <= draws) {
-    engine = mark_->engine;
-    from = mark_->draws;
-  }
+  const bool from_mark = mark_.has_value() && mark_->engine.seed() == seed && mark_->draws <= draws;
+  const uint64_t from = from_mark ? mark_->draws : 0;
+  TORCH_CHECK_VALUE(
+      draws - from <= kMaxSkip, "openreg generator state: offset ", offset_of_draws(draws), " is too far (",
+      draws, " draws); openreg's generator, CPU's Mersenne Twister, reaches a position draw by draw and goes at most "
+      "2^36 draws (2^35 offset units) at once. Use a smaller offset, or another seed.");
+  at::CPUGeneratorImpl& cpu = cpu_impl(cpu_);
+  cpu.set_current_seed(seed); // also forgets the cached normal samples
+  at::mt19937 engine = from_mark ? mark_->engine : cpu.engine();
   skip_draws(engine, draws - from);
   cpu.set_engine(engine);
   mark_ = StreamMark{engine, draws};
