@@ -15,6 +15,10 @@
 // aliases; the Python Work that returns is wrapped as a C++ one.
 #include "python/OpenRegProcessGroupBackend.h"
 
+// ATen/core/Tensor.h is one of csrc/precompiled.h's headers: setup.py then
+// compiles this unit with the precompiled header, which holds much of the
+// ATen/ATen.h that Backend.hpp includes (docs/performance.md).
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
