@@ -727,6 +727,15 @@ def all_gather_into_tensor_out_writes_the_output_on_the_device(r: Rank):
     assert out.untyped_storage().data_ptr() == storage
     assert_same(out, torch.cat(every_ranks(4)), r.device)
 
+    def gather_into(t, out):  # the op inside an Inductor graph, as those passes leave it
+        gathered = torch.ops._c10d_functional.all_gather_into_tensor_out(t * 2, WORLD, group.group_name, out=out)
+        return torch.ops._c10d_functional.wait_tensor(gathered) + 1
+
+    compiled = torch.compile(gather_into, backend="inductor", fullgraph=True)
+    out = torch.empty(WORLD * 4, device=r.device)
+    assert_same(compiled(per_rank(r, 4).to(r.device), out), torch.cat(every_ranks(4)) * 2 + 1, r.device)
+    assert_same(out, torch.cat(every_ranks(4)) * 2, r.device)
+
 
 @on_every_rank
 def the_groups_cpp_backend_for_openreg_is_its_own_and_gloo_serves_cpu(r: Rank):
