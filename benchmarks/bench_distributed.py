@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
-from bench_ops import calls_per_batch, pair_ratios, per_call, quartiles
+from bench_ops import alternating_pairs, calls_per_batch, pair_ratios, per_call, quartiles
 
 WORLD = 2
 SIZES = [1 << 10, 1 << 20, 1 << 24]  # float32 elements per rank: 4 KiB, 4 MiB, 64 MiB
@@ -83,14 +83,8 @@ def pairs(cpu: Callable[[], None], dev: Callable[[], None], calls: int, repeat: 
     untimed batch of each (connections, allocator, gloo's threads: with 2 warm-up calls
     the first collective timed came out 1.3-2x slower)."""
     batch(cpu, calls), batch(dev, calls)
-    cpu_t, dev_t = [], []
-    for i in range(repeat):
-        # Same order on every rank (i is), so that both run the same collectives.
-        for device in (("cpu", "openreg") if i % 2 == 0 else ("openreg", "cpu")):
-            if device == "cpu":
-                cpu_t.append(batch(cpu, calls))
-            else:
-                dev_t.append(batch(dev, calls))
+    # The order alternates the same way on every rank, which run the same collectives.
+    cpu_t, dev_t = alternating_pairs(lambda _: batch(cpu, calls), lambda _: batch(dev, calls), repeat)
     ratios = pair_ratios(cpu_t, dev_t)
     return {"calls": calls, "cpu_s": statistics.median(cpu_t), "openreg_s": statistics.median(dev_t),
             "ratio": statistics.median(ratios), "ratio_quartiles": quartiles(ratios)}
@@ -172,7 +166,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         torch.multiprocessing.spawn(
-            rank_main, args=(os.path.join(tmp, "store"), args.repeat, args.batch_ms, args.max_bytes, args.fsdp_steps, out),
+            rank_main,
+            args=(os.path.join(tmp, "store"), args.repeat, args.batch_ms, args.max_bytes, args.fsdp_steps, out),
             nprocs=WORLD,
         )
         with open(out) as f:

@@ -1376,7 +1376,8 @@ def test_the_cpp_backend_outliving_its_group_raises_naming_what_to_do():
     group.shutdown()
     del group
     gc.collect()
-    with pytest.raises(RuntimeError, match=r"openreg_gloo allreduce: the process group this backend belongs to is gone"):
+    with pytest.raises(RuntimeError, match=r"openreg_gloo allreduce: the process group this backend belongs to "
+                       r"is gone \(destroy_process_group\(\)\); create a new group"):
         backend.allreduce([t])
 
 
