@@ -866,6 +866,7 @@ def the_groups_cpp_backend_serves_every_collective_on_the_device(r: Rank):
         work = backend.recv_anysource([t], 2)
         work.wait()
         assert_same(t, every_ranks(3)[0], d)
+        assert work._source_rank() == 0  # Work::sourceRank, from the group's Python work
     backend.barrier().wait()
     # The coalesced tensor forms have no Python binding on Backend: c10d's ops reach them.
     outs = [torch.zeros(WORLD * 2, device=d)]
