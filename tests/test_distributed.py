@@ -727,14 +727,26 @@ def all_gather_into_tensor_out_writes_the_output_on_the_device(r: Rank):
     assert out.untyped_storage().data_ptr() == storage
     assert_same(out, torch.cat(every_ranks(4)), r.device)
 
-    def gather_into(t, out):  # the op inside an Inductor graph, as those passes leave it
-        gathered = torch.ops._c10d_functional.all_gather_into_tensor_out(t * 2, WORLD, group.group_name, out=out)
-        return torch.ops._c10d_functional.wait_tensor(gathered) + 1
 
-    compiled = torch.compile(gather_into, backend="inductor", fullgraph=True)
-    out = torch.empty(WORLD * 4, device=r.device)
-    assert_same(compiled(per_rank(r, 4).to(r.device), out), torch.cat(every_ranks(4)) * 2 + 1, r.device)
-    assert_same(out, torch.cat(every_ranks(4)) * 2, r.device)
+@on_every_rank
+def inductors_bucketed_all_gathers_match_eager(r: Rank):
+    # Inductor's all-gather bucketing (the FSDP passes' bucket_all_gathers_fx) gathers two
+    # tensors with one all_gather_into_tensor_out into a bucket.
+    import torch._inductor.config as inductor_config
+    import torch.distributed._functional_collectives as funcol
+    from torch._inductor.utils import run_and_get_code
+
+    group = dist.group.WORLD
+
+    def gather_both(a, b):
+        return funcol.all_gather_tensor(a * 2, 0, group), funcol.all_gather_tensor(b + 1, 0, group)
+
+    a, b = per_rank(r, 4).to(r.device), per_rank(r, 2, 3).to(r.device)
+    with inductor_config.patch(bucket_all_gathers_fx="all"):
+        (x, y), code = run_and_get_code(torch.compile(gather_both, backend="inductor", fullgraph=True), a, b)
+    assert any("all_gather_into_tensor_out" in c for c in code), "the bucketing pass did not run"
+    assert_same(x, torch.cat(every_ranks(4)) * 2, r.device)
+    assert_same(y, torch.cat(every_ranks(2, 3)) + 1, r.device)
 
 
 @on_every_rank
