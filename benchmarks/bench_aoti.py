@@ -22,7 +22,7 @@ import tempfile
 import torch
 import torch_openreg  # noqa: F401  (registers openreg when autoload is off)
 
-from bench_ops import calls_per_batch, pair_ratios, per_call, quartiles
+from bench_ops import alternating_pairs, calls_per_batch, pair_ratios, per_call, quartiles
 
 
 class Block(torch.nn.Module):
@@ -81,14 +81,8 @@ def main() -> None:
           f"{args.repeat} pairs of batches of {calls} calls, ratio = openreg / CPU")
     for label, run in (("batch, synchronised at its end", run_openreg),
                        ("every call synchronised", run_openreg_synchronised)):
-        cpu_t, dev_t = [], []
-        for i in range(args.repeat):
-            # Alternating order, as bench_ops: neither device always runs in the other's wake.
-            for device in (("cpu", "openreg") if i % 2 == 0 else ("openreg", "cpu")):
-                if device == "cpu":
-                    cpu_t.append(per_call(run_cpu, calls))
-                else:
-                    dev_t.append(per_call(run, calls))
+        cpu_t, dev_t = alternating_pairs(lambda _: per_call(run_cpu, calls), lambda _: per_call(run, calls),
+                                         args.repeat)
         ratios = pair_ratios(cpu_t, dev_t)
         q1, q3 = quartiles(ratios)
         print(f"  {label:<32} cpu {statistics.median(cpu_t) * 1e3:7.3f} ms  openreg "

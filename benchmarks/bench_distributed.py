@@ -2,7 +2,8 @@
 tensors (openreg_gloo, through CPU aliases) against CPU tensors (the same group, gloo on
 plain CPU memory).
 
-    python benchmarks/bench_distributed.py [--json FILE] [--repeat N] [--max-bytes B] [--fsdp-steps N]
+    python benchmarks/bench_distributed.py [--json FILE] [--repeat N] [--batch-ms MS] [--max-bytes B]
+                                           [--fsdp-steps N]
 
 Collectives: all_reduce, all_gather_into_tensor and reduce_scatter_tensor, each at 4 KiB,
 4 MiB and 64 MiB (the size of the tensor each rank contributes; ``--max-bytes`` drops the
@@ -10,10 +11,17 @@ larger ones). FSDP2: one training step (forward, backward, AdamW step) of a smal
 transformer ``fully_shard``-ed layer by layer on a mesh of the two ranks, on openreg and
 the same model on a CPU mesh.
 
-Every measurement alternates CPU and openreg (CPU, openreg, CPU, openreg, ...); reported:
-the median time per call (or step), the algorithm bandwidth of the collectives (bytes each
-rank contributes / time), and the ratio openreg / CPU of the median times (1.0 = as fast
-as CPU tensors).
+Timed as bench_ops, bench_models and bench_aoti time: pairs of batches, one on CPU
+tensors and one on openreg tensors, alternating which goes first; a batch is as many calls
+as take about ``--batch-ms`` on CPU tensors (bench_ops.calls_per_batch, the larger of the
+two ranks' counts, so that both run the same collectives), started together on both
+ranks (a barrier), after one untimed batch of each. Reported: each device's median time
+per call (or step), the algorithm bandwidth of the collectives (bytes each rank
+contributes / time), and ratio = openreg / CPU, the median of the pairs' ratios with its
+quartiles (1.0 = as fast as CPU tensors): the machine's speed drifts between batches,
+and within a pair both devices ran in the same conditions (bench_ops.pair_ratios). The
+ratio of the two medians, used before, moved between 1.0 and 1.6 from run to run at
+4 KiB on a busy machine.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing
+
+from bench_ops import alternating_pairs, calls_per_batch, pair_ratios, per_call, quartiles
 
 WORLD = 2
 SIZES = [1 << 10, 1 << 20, 1 << 24]  # float32 elements per rank: 4 KiB, 4 MiB, 64 MiB
@@ -54,24 +64,30 @@ def reduce_scatter(n: int, device: torch.device) -> Callable[[], None]:
 COLLECTIVES = {"all_reduce": all_reduce, "all_gather_into_tensor": all_gather, "reduce_scatter_tensor": reduce_scatter}
 
 
-def per_call(call: Callable[[], None], calls: int) -> float:
+def batch(call: Callable[[], None], calls: int) -> float:
+    """Seconds per call of ``calls`` calls, started on every rank at once."""
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return (time.perf_counter() - start) / calls
+    return per_call(call, calls)
 
 
-def interleaved(cpu: Callable[[], None], dev: Callable[[], None], calls: int, repeat: int) -> tuple[float, float]:
-    """Median seconds per call of each, measured alternately after a warm-up."""
-    # Warm up with one untimed round of each: connections, allocator, gloo's threads
-    # (2 calls were too few: the first collective timed came out 1.3-2x slower).
-    per_call(cpu, calls), per_call(dev, calls)
-    cpu_t, dev_t = [], []
-    for _ in range(repeat):
-        cpu_t.append(per_call(cpu, calls))
-        dev_t.append(per_call(dev, calls))
-    return statistics.median(cpu_t), statistics.median(dev_t)
+def agreed_calls(cpu: Callable[[], None], batch_ms: float) -> int:
+    """Calls per batch: bench_ops.calls_per_batch of the CPU call, the largest of the
+    ranks' counts (each rank must run as many collectives as the others)."""
+    calls = torch.tensor([calls_per_batch(cpu, batch_ms)])
+    dist.all_reduce(calls, op=dist.ReduceOp.MAX)
+    return int(calls.item())
+
+
+def pairs(cpu: Callable[[], None], dev: Callable[[], None], calls: int, repeat: int) -> dict:
+    """``repeat`` pairs of batches, alternating which device goes first, after one
+    untimed batch of each (connections, allocator, gloo's threads: with 2 warm-up calls
+    the first collective timed came out 1.3-2x slower)."""
+    batch(cpu, calls), batch(dev, calls)
+    # The order alternates the same way on every rank, which run the same collectives.
+    cpu_t, dev_t = alternating_pairs(lambda _: batch(cpu, calls), lambda _: batch(dev, calls), repeat)
+    ratios = pair_ratios(cpu_t, dev_t)
+    return {"calls": calls, "cpu_s": statistics.median(cpu_t), "openreg_s": statistics.median(dev_t),
+            "ratio": statistics.median(ratios), "ratio_quartiles": quartiles(ratios)}
 
 
 class Block(torch.nn.Module):
@@ -112,7 +128,7 @@ def fsdp2_step(model: torch.nn.Module, device: torch.device, seed: int) -> Calla
     return step
 
 
-def rank_main(rank: int, store: str, repeat: int, max_bytes: int, fsdp_steps: int, out: str) -> None:
+def rank_main(rank: int, store: str, repeat: int, batch_ms: float, max_bytes: int, fsdp_steps: int, out: str) -> None:
     torch.openreg.set_device(rank)
     dist.init_process_group(init_method=f"file://{store}", rank=rank, world_size=WORLD)
     device = torch.device("openreg", rank)
@@ -122,17 +138,17 @@ def rank_main(rank: int, store: str, repeat: int, max_bytes: int, fsdp_steps: in
         for n in SIZES:
             if 4 * n > max_bytes:
                 continue
-            calls = max(2, min(200, (1 << 26) // (n * 4)))
-            c, d = interleaved(make(n, cpu), make(n, device), calls, repeat)
-            rows.append({"collective": name, "elements": n, "bytes": 4 * n, "cpu_s": c, "openreg_s": d,
-                         "cpu_GBps": 4 * n / c / 1e9, "openreg_GBps": 4 * n / d / 1e9, "ratio": d / c})
+            on_cpu, on_device = make(n, cpu), make(n, device)
+            row = pairs(on_cpu, on_device, agreed_calls(on_cpu, batch_ms), repeat)
+            rows.append({"collective": name, "elements": n, "bytes": 4 * n, **row,
+                         "cpu_GBps": 4 * n / row["cpu_s"] / 1e9, "openreg_GBps": 4 * n / row["openreg_s"] / 1e9})
     fsdp = None
     if fsdp_steps:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*(Block(128, 4) for _ in range(2)))
-        c, d = interleaved(fsdp2_step(model, cpu, rank), fsdp2_step(model, device, rank), fsdp_steps, repeat)
+        row = pairs(fsdp2_step(model, cpu, rank), fsdp2_step(model, device, rank), fsdp_steps, repeat)
         fsdp = {"model": "2 transformer blocks, dim 128, batch 8x32 per rank", "parameters":
-                sum(p.numel() for p in model.parameters()), "cpu_s": c, "openreg_s": d, "ratio": d / c}
+                sum(p.numel() for p in model.parameters()), **row}
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"rows": rows, "fsdp2": fsdp}, f)
@@ -142,28 +158,34 @@ def rank_main(rank: int, store: str, repeat: int, max_bytes: int, fsdp_steps: in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the report to this file")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=11, help="timed pairs of batches")
+    parser.add_argument("--batch-ms", type=float, default=20.0, help="CPU time of one batch of collectives")
     parser.add_argument("--max-bytes", type=int, default=4 * SIZES[-1], help="largest collective size to run")
-    parser.add_argument("--fsdp-steps", type=int, default=5, help="FSDP2 steps per measurement (0: skip)")
+    parser.add_argument("--fsdp-steps", type=int, default=5, help="FSDP2 steps per batch (0: skip)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         torch.multiprocessing.spawn(
-            rank_main, args=(os.path.join(tmp, "store"), args.repeat, args.max_bytes, args.fsdp_steps, out),
+            rank_main,
+            args=(os.path.join(tmp, "store"), args.repeat, args.batch_ms, args.max_bytes, args.fsdp_steps, out),
             nprocs=WORLD,
         )
         with open(out) as f:
             report = json.load(f)
-    print(f"{'collective':<23} {'bytes':>10} {'cpu ms':>9} {'openreg ms':>11} {'cpu GB/s':>9} "
-          f"{'openreg GB/s':>13} {'ratio':>6}")
+    print(f"{'collective':<23} {'bytes':>10} {'calls':>6} {'cpu ms':>9} {'openreg ms':>11} {'cpu GB/s':>9} "
+          f"{'openreg GB/s':>13} {'ratio (quartiles)':>19}")
     for r in report["rows"]:
-        print(f"{r['collective']:<23} {r['bytes']:>10} {r['cpu_s'] * 1e3:>9.3f} {r['openreg_s'] * 1e3:>11.3f} "
-              f"{r['cpu_GBps']:>9.2f} {r['openreg_GBps']:>13.2f} {r['ratio']:>6.2f}")
+        q1, q3 = r["ratio_quartiles"]
+        print(f"{r['collective']:<23} {r['bytes']:>10} {r['calls']:>6} {r['cpu_s'] * 1e3:>9.3f} "
+              f"{r['openreg_s'] * 1e3:>11.3f} {r['cpu_GBps']:>9.2f} {r['openreg_GBps']:>13.2f} "
+              f"{r['ratio']:>6.2f} ({q1:.2f}-{q3:.2f})")
     fsdp = report["fsdp2"]
     if fsdp:
-        print(f"\nFSDP2 training step ({fsdp['model']}, {fsdp['parameters']} parameters):")
+        q1, q3 = fsdp["ratio_quartiles"]
+        print(f"\nFSDP2 training step ({fsdp['model']}, {fsdp['parameters']} parameters, "
+              f"{fsdp['calls']} steps per batch):")
         print(f"  cpu {fsdp['cpu_s'] * 1e3:.2f} ms  openreg {fsdp['openreg_s'] * 1e3:.2f} ms  "
-              f"ratio {fsdp['ratio']:.2f}")
+              f"ratio {fsdp['ratio']:.2f} ({q1:.2f}-{q3:.2f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

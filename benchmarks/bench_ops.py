@@ -375,6 +375,24 @@ def pair_ratios(cpu_t: list[float], dev_t: list[float]) -> list[float]:
     return [d / c for c, d in zip(cpu_t, dev_t)]
 
 
+def alternating_pairs(
+    cpu: Callable[[int], float], dev: Callable[[int], float], repeat: int
+) -> tuple[list[float], list[float]]:
+    """``repeat`` pairs of adjacent batches, ``cpu(i)`` and ``dev(i)`` timing pair i's
+    batch on each device (seconds per call), in alternating order (CPU first, then
+    openreg first), so that neither device always runs in the other's wake (warm caches,
+    a neighbour's load that comes and goes). The times of each, in pair order."""
+    cpu_t, dev_t = [], []
+    for i in range(repeat):
+        if i % 2 == 0:
+            cpu_t.append(cpu(i))
+            dev_t.append(dev(i))
+        else:
+            dev_t.append(dev(i))
+            cpu_t.append(cpu(i))
+    return cpu_t, dev_t
+
+
 def quartiles(values: list[float]) -> tuple[float, float]:
     """The first and third quartile: the ratio's spread between pairs."""
     if len(values) < 2:
@@ -410,20 +428,8 @@ def measure(case: Case, large: bool, repeat: int, calls: int, placements: int) -
     sets[0][1]()
     torch.openreg.synchronize()
     fallback_ops = sorted(diagnostics.fallback_stats())
-    cpu_t, dev_t = [], []
-    for i in range(repeat):
-        cpu, dev = sets[i % placements]
-        # Pairs of adjacent batches, in alternating order (CPU first, then
-        # openreg first), so that neither device always runs in the other's
-        # wake (warm caches, a neighbour's load that comes and goes).
-        if i % 2 == 0:
-            c = per_call(cpu, calls)
-            d = per_call(dev, calls)
-        else:
-            d = per_call(dev, calls)
-            c = per_call(cpu, calls)
-        cpu_t.append(c)
-        dev_t.append(d)
+    cpu_t, dev_t = alternating_pairs(lambda i: per_call(sets[i % placements][0], calls),
+                                     lambda i: per_call(sets[i % placements][1], calls), repeat)
     cpu_s, dev_s = statistics.median(cpu_t), statistics.median(dev_t)
     ratios = pair_ratios(cpu_t, dev_t)
     row = {"op": case.name, "aten": case.op, "size": "large" if large else "small",

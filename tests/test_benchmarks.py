@@ -89,19 +89,20 @@ def test_bench_launch_reports_the_sequence_and_the_queued_launch_latency(tmp_pat
 
 
 def test_bench_distributed_reports_every_collective_and_the_fsdp2_step(tmp_path):
-    # Two ranks, the 4 KiB size only, one call per measurement and one FSDP2 step.
+    # Two ranks, the 4 KiB size only, two pairs of 1 ms batches and one FSDP2 step per batch.
     report = run_benchmark(ROOT / "benchmarks" / "bench_distributed.py", tmp_path / "bench_distributed.json",
-                           "--repeat", "1", "--max-bytes", "4096", "--fsdp-steps", "1")
+                           "--repeat", "2", "--batch-ms", "1", "--max-bytes", "4096", "--fsdp-steps", "1")
     rows = report["rows"]
     assert [(r["collective"], r["bytes"]) for r in rows] == [
         ("all_reduce", 4096), ("all_gather_into_tensor", 4096), ("reduce_scatter_tensor", 4096)]
-    for r in rows:
-        for key in ("cpu_s", "openreg_s", "ratio"):
-            assert math.isfinite(r[key]) and r[key] > 0, (r["collective"], key, r[key])
     fsdp = report["fsdp2"]
     assert fsdp["parameters"] > 0
-    for key in ("cpu_s", "openreg_s", "ratio"):
-        assert math.isfinite(fsdp[key]) and fsdp[key] > 0, (key, fsdp[key])
+    for r in [*rows, fsdp]:
+        assert r["calls"] >= 1
+        for key in ("cpu_s", "openreg_s", "ratio"):
+            assert math.isfinite(r[key]) and r[key] > 0, (key, r[key])
+        q1, q3 = r["ratio_quartiles"]
+        assert 0 < q1 <= r["ratio"] <= q3, r
 
 
 def test_bench_ipc_reports_both_hand_off_times(tmp_path):

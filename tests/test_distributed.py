@@ -707,6 +707,231 @@ def compiled_functional_collectives_match_eager(r: Rank):
     assert_same(compiled(t), step(t).cpu(), r.device)
 
 
+# --- C++ callers: the group's openreg backend in C++ ---------------------------------------
+# What C++ calls through a ProcessGroup method the trampoline does not forward to Python
+# runs c10d's dispatcher op, whose PrivateUse1 kernel asks ProcessGroup::getBackend for
+# openreg's backend: csrc/python/OpenRegProcessGroupBackend.cpp, which calls the group's
+# Python methods. c10d.ProcessGroup.<method>(group, ...) calls the C++ method as C++ code
+# does (torch's binding of the base class, not the group's Python override).
+
+
+@on_every_rank
+def all_gather_into_tensor_out_writes_the_output_on_the_device(r: Rank):
+    # Inductor's FSDP2 passes emit this op; it calls ProcessGroup::_allgather_base in C++.
+    group = dist.group.WORLD
+    out = torch.full((WORLD * 4,), -1.0, device=r.device)
+    storage = out.untyped_storage().data_ptr()
+    result = torch.ops._c10d_functional.all_gather_into_tensor_out(
+        per_rank(r, 4).to(r.device), WORLD, group.group_name, out=out)
+    torch.ops._c10d_functional.wait_tensor(result)
+    assert out.untyped_storage().data_ptr() == storage
+    assert_same(out, torch.cat(every_ranks(4)), r.device)
+
+
+@on_every_rank
+def inductors_bucketed_all_gathers_match_eager(r: Rank):
+    # Inductor's all-gather bucketing (the FSDP passes' bucket_all_gathers_fx) gathers two
+    # tensors with one all_gather_into_tensor_out into a bucket.
+    import torch._inductor.config as inductor_config
+    import torch.distributed._functional_collectives as funcol
+    from torch._inductor.utils import run_and_get_code
+
+    group = dist.group.WORLD
+
+    def gather_both(a, b):
+        return funcol.all_gather_tensor(a * 2, 0, group), funcol.all_gather_tensor(b + 1, 0, group)
+
+    a, b = per_rank(r, 4).to(r.device), per_rank(r, 2, 3).to(r.device)
+    with inductor_config.patch(bucket_all_gathers_fx="all"):
+        (x, y), code = run_and_get_code(torch.compile(gather_both, backend="inductor", fullgraph=True), a, b)
+    assert any("all_gather_into_tensor_out" in c for c in code), "the bucketing pass did not run"
+    assert_same(x, torch.cat(every_ranks(4)) * 2, r.device)
+    assert_same(y, torch.cat(every_ranks(2, 3)) + 1, r.device)
+
+
+@on_every_rank
+def the_groups_cpp_backend_for_openreg_is_its_own_and_gloo_serves_cpu(r: Rank):
+    from torch._C import _distributed_c10d as c10d
+
+    group = dist.group.WORLD
+    backend = c10d.ProcessGroup._get_backend(group, r.device)  # ProcessGroup::getBackend
+    assert backend.name() == "openreg_gloo"
+    assert backend.rank() == r.rank and backend.size() == WORLD
+    assert c10d.ProcessGroup._get_backend(group, torch.device("cpu")).name() == "gloo"
+    assert group._get_backend(r.device).name() == "openreg_gloo"  # from Python: the same answer
+
+
+@on_every_rank
+def reduce_gather_scatter_and_all_to_all_called_from_cpp_run_on_the_device(r: Rank):
+    from torch._C import _distributed_c10d as c10d
+
+    group = dist.group.WORLD
+    opts = c10d.ReduceOptions()
+    opts.rootRank = 0
+    t = per_rank(r, 4).to(r.device)
+    c10d.ProcessGroup.reduce(group, [t], opts).wait()
+    if r.rank == 0:
+        assert_same(t, sum(every_ranks(4)), r.device)
+    opts = c10d.GatherOptions()
+    opts.rootRank = 1
+    gathered = [[torch.zeros(4, device=r.device) for _ in range(WORLD)]] if r.rank == 1 else []
+    c10d.ProcessGroup.gather(group, gathered, [per_rank(r, 4).to(r.device)], opts).wait()
+    if r.rank == 1:
+        for got, expected in zip(gathered[0], every_ranks(4)):
+            assert_same(got, expected, r.device)
+    opts = c10d.ScatterOptions()
+    opts.rootRank = 0
+    out = torch.zeros(2, device=r.device)
+    pieces = [list(per_rank(r, 2 * WORLD).to(r.device).chunk(WORLD))] if r.rank == 0 else []
+    c10d.ProcessGroup.scatter(group, [out], pieces, opts).wait()
+    assert_same(out, every_ranks(2 * WORLD)[0].chunk(WORLD)[r.rank], r.device)
+    outs = [torch.zeros(2, device=r.device) for _ in range(WORLD)]
+    c10d.ProcessGroup.alltoall(group, outs, list(per_rank(r, 2 * WORLD).to(r.device).chunk(WORLD)),
+                               c10d.AllToAllOptions()).wait()
+    for src, got in enumerate(outs):
+        assert_same(got, every_ranks(2 * WORLD)[src].chunk(WORLD)[r.rank], r.device)
+    # all_gather_into_tensor, reduce_scatter_tensor and allgather_coalesced, as C++ calls them.
+    out = torch.zeros(WORLD * 4, device=r.device)
+    c10d.ProcessGroup.all_gather_single(group, out, per_rank(r, 4).to(r.device)).wait()
+    assert_same(out, torch.cat(every_ranks(4)), r.device)
+    out = torch.zeros(3, device=r.device)
+    c10d.ProcessGroup.reduce_scatter_single(group, out, per_rank(r, WORLD * 3).to(r.device)).wait()
+    assert_same(out, sum(every_ranks(WORLD * 3)).chunk(WORLD)[r.rank], r.device)
+    outs = [[torch.zeros(2, device=r.device)] for _ in range(WORLD)]  # [rank][input]
+    c10d.ProcessGroup.allgather_coalesced(group, outs, [per_rank(r, 2).to(r.device)]).wait()
+    for got, expected in zip(outs, every_ranks(2)):
+        assert_same(got[0], expected, r.device)
+
+
+@on_every_rank
+def the_groups_cpp_backend_serves_every_collective_on_the_device(r: Rank):
+    # Each collective of the C++ backend itself (what any C++ holder of
+    # getBackend(openreg) calls), against the oracle.
+    from torch._C import _distributed_c10d as c10d
+
+    group = dist.group.WORLD
+    backend = c10d.ProcessGroup._get_backend(group, r.device)
+    d = r.device
+    t = per_rank(r, 4).to(d)
+    backend.allreduce([t]).wait()
+    assert_same(t, sum(every_ranks(4)), d)
+    ts = [per_rank(r, 2).to(d), per_rank(r, 3).to(d)]
+    backend.allreduce_coalesced(ts).wait()
+    assert_same(ts[1], sum(every_ranks(3)), d)
+    opts = c10d.BroadcastOptions()
+    opts.rootRank = 1
+    t = per_rank(r, 4).to(d)
+    backend.broadcast([t], opts).wait()
+    assert_same(t, every_ranks(4)[1], d)
+    opts = c10d.ReduceOptions()
+    opts.rootRank = 1
+    t = per_rank(r, 4).to(d)
+    backend.reduce([t], opts).wait()
+    if r.rank == 1:
+        assert_same(t, sum(every_ranks(4)), d)
+    outs = [[torch.zeros(4, device=d) for _ in range(WORLD)]]
+    backend.allgather(outs, [per_rank(r, 4).to(d)]).wait()
+    for got, expected in zip(outs[0], every_ranks(4)):
+        assert_same(got, expected, d)
+    out = torch.zeros(WORLD * 4, device=d)
+    backend._allgather_base(out, per_rank(r, 4).to(d)).wait()
+    assert_same(out, torch.cat(every_ranks(4)), d)
+    outs = [[torch.zeros(2, device=d)] for _ in range(WORLD)]
+    backend.allgather_coalesced(outs, [per_rank(r, 2).to(d)]).wait()
+    assert_same(outs[1][0], every_ranks(2)[1], d)
+    opts = c10d.GatherOptions()
+    opts.rootRank = 0
+    outs = [[torch.zeros(4, device=d) for _ in range(WORLD)]] if r.rank == 0 else []
+    backend.gather(outs, [per_rank(r, 4).to(d)], opts).wait()
+    if r.rank == 0:
+        assert_same(outs[0][1], every_ranks(4)[1], d)
+    opts = c10d.ScatterOptions()
+    opts.rootRank = 1
+    out = torch.zeros(2, device=d)
+    backend.scatter([out], [list(per_rank(r, 2 * WORLD).to(d).chunk(WORLD))] if r.rank == 1 else [], opts).wait()
+    assert_same(out, every_ranks(2 * WORLD)[1].chunk(WORLD)[r.rank], d)
+    out = torch.zeros(3, device=d)
+    backend.reduce_scatter([out], [list(per_rank(r, WORLD * 3).to(d).chunk(WORLD))]).wait()
+    assert_same(out, sum(every_ranks(WORLD * 3)).chunk(WORLD)[r.rank], d)
+    out = torch.zeros(3, device=d)
+    backend._reduce_scatter_base(out, per_rank(r, WORLD * 3).to(d)).wait()
+    assert_same(out, sum(every_ranks(WORLD * 3)).chunk(WORLD)[r.rank], d)
+    out = torch.zeros(2 * WORLD, device=d)
+    backend.alltoall_base(out, per_rank(r, 2 * WORLD).to(d), [], []).wait()
+    assert_same(out, torch.cat([x.chunk(WORLD)[r.rank] for x in every_ranks(2 * WORLD)]), d)
+    outs = [torch.zeros(2, device=d) for _ in range(WORLD)]
+    backend.alltoall(outs, list(per_rank(r, 2 * WORLD).to(d).chunk(WORLD))).wait()
+    assert_same(outs[1], every_ranks(2 * WORLD)[1].chunk(WORLD)[r.rank], d)
+    peer = 1 - r.rank
+    t = per_rank(r, 3).to(d)
+    if r.rank == 0:
+        backend.send([t], peer, 0).wait()
+        backend.recv([t], peer, 1).wait()
+    else:
+        backend.recv([t], peer, 0).wait()
+        backend.send([t], peer, 1).wait()
+    assert_same(t, every_ranks(3)[0], d)
+    t = per_rank(r, 3).to(d)
+    if r.rank == 0:
+        backend.send([t], peer, 2).wait()
+    else:
+        work = backend.recv_anysource([t], 2)
+        work.wait()
+        assert_same(t, every_ranks(3)[0], d)
+        assert work._source_rank() == 0  # Work::sourceRank, from the group's Python work
+    backend.barrier().wait()
+    # The coalesced tensor forms have no Python binding on Backend: c10d's ops reach them.
+    outs = [torch.zeros(WORLD * 2, device=d)]
+    work = torch.ops.c10d.allgather_into_tensor_coalesced_(outs, [per_rank(r, 2).to(d)], group.boxed(), False)
+    dist.Work.unbox(work).wait()
+    assert_same(outs[0], torch.cat(every_ranks(2)), d)
+
+
+@on_every_rank
+def splitting_the_group_raises_naming_new_group(r: Rank):
+    # ProcessGroup::splitGroup (C++, and group.split_group) would dereference the store the
+    # group was not built with; the group refuses, and keeps working.
+    from torch._C import _distributed_c10d as c10d
+
+    group = dist.group.WORLD
+    for split in (lambda: c10d.ProcessGroup.split_group(group, list(range(WORLD))),
+                  lambda: group.split_group(list(range(WORLD)))):
+        try:
+            split()
+        except RuntimeError as e:
+            assert "openreg_gloo cannot split a group" in str(e) and "new_group" in str(e), str(e)
+        else:
+            raise AssertionError("splitting the openreg group did not raise")
+    t = per_rank(r, 3).to(r.device)
+    dist.all_reduce(t)
+    assert_same(t, sum(every_ranks(3)), r.device)
+
+
+@on_every_rank
+def works_from_the_cpp_backend_wait_give_futures_and_name_errors(r: Rank):
+    from torch._C import _distributed_c10d as c10d
+
+    group = dist.group.WORLD
+    out = torch.zeros(WORLD * 4, device=r.device)
+    work = c10d.ProcessGroup.all_gather_single(group, out, per_rank(r, 4).to(r.device))
+    value = work.get_future().wait()
+    assert value[0].data_ptr() == out.data_ptr()  # the openreg tensor, not its CPU alias
+    work.wait()
+    assert work.is_completed()
+    assert_same(out, torch.cat(every_ranks(4)), r.device)
+    # Gloo's error for a wrong size comes back through C++ with the collective named.
+    try:
+        c10d.ProcessGroup.all_gather_single(group, torch.zeros(WORLD * 4 - 1, device=r.device),
+                                            torch.ones(4, device=r.device))
+    except RuntimeError as e:
+        assert str(e).startswith("openreg_gloo all_gather_into_tensor: "), str(e)
+    else:
+        raise AssertionError("all_gather_single with a wrong output size did not raise")
+    t = per_rank(r, 3).to(r.device)  # the group still works
+    dist.all_reduce(t)
+    assert_same(t, sum(every_ranks(3)), r.device)
+
+
 def train(r: Rank, ddp_kwargs: dict, steps: int = 5) -> list[torch.Tensor]:
     """DDP on openreg, each rank on its half of every batch; returns the final weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -1135,6 +1360,38 @@ def test_pg_options_must_be_gloos():
 
     with pytest.raises(TypeError, match=r"takes ProcessGroupGloo options .* got str"):
         ProcessGroupOpenRegGloo(dist.HashStore(), 0, 1, options="fast")
+
+
+def test_the_cpp_backend_refuses_a_group_class_that_leaves_a_collective_to_processgroup():
+    # ProcessGroup's own reduce() would run c10d's op, which would ask the group for its
+    # openreg backend again: refused when the backend is made, not a recursion later.
+    from torch_openreg import _C
+
+    class OnlyBroadcast(dist.ProcessGroup):
+        def broadcast(self, tensors, opts=None):
+            raise AssertionError("not called")
+
+    with pytest.raises(RuntimeError, match=r"must define allreduce\(\)"):
+        _C._process_group_backend(OnlyBroadcast(0, 1), 0, 1, "only_broadcast")
+
+
+def test_the_cpp_backend_outliving_its_group_raises_naming_what_to_do():
+    import gc
+
+    from torch._C import _distributed_c10d as c10d
+    from torch_openreg.openreg.distributed import ProcessGroupOpenRegGloo
+
+    group = ProcessGroupOpenRegGloo(dist.HashStore(), 0, 1)
+    backend = c10d.ProcessGroup._get_backend(group, torch.device("openreg", 0))
+    t = torch.ones(3, device="openreg")
+    backend.allreduce([t]).wait()  # one rank: the sum is the tensor
+    assert_same(t, torch.ones(3), torch.device("openreg", 0))
+    group.shutdown()
+    del group
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"openreg_gloo allreduce: the process group this backend belongs to "
+                       r"is gone \(destroy_process_group\(\)\); create a new group"):
+        backend.allreduce([t])
 
 
 if __name__ == "__main__":

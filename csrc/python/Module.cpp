@@ -43,6 +43,7 @@
 #include "aten/OpenRegTensorFormat.h"
 #include "aten/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
+#include "python/OpenRegProcessGroupBackend.h"
 #include "python/OpenRegPythonStack.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -609,6 +610,9 @@ PYBIND11_MODULE(_C, m) {
         "Whether a profiler session has openreg's kernel or copy observers installed.");
   m.def("_profiler_buffered_activities", &openreg::profiler::buffered_activities,
         "Device activities recorded and not yet handed to a profiler session.");
+  m.def("_process_group_backend", &openreg::process_group_backend, py::arg("group"), py::arg("rank"), py::arg("size"),
+        py::arg("name"), "The c10d backend for openreg tensors of a Python process group: its collectives call the "
+        "group's methods (python/OpenRegProcessGroupBackend.h).");
   m.def("_host_aliases", &cpu_aliases,
         "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
   m.def("_kernel_arguments", &kernel_arguments,

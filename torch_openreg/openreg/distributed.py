@@ -75,7 +75,9 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
     bindings only let a Python class override collectives of a ``ProcessGroup`` (the
     ``PyProcessGroup`` trampoline, torch/csrc/distributed/c10d/PyProcessGroup.hpp): C++
     callers such as DDP's reducer and ``_broadcast_coalesced`` reach these methods
-    through it. c10d then uses this object as the whole group
+    through it; C++ that calls a method the trampoline does not forward (``reduce``,
+    ``_allgather_base``, ...) reaches them through the group's openreg backend, a C++
+    ``Backend`` that calls them (see ``__init__``). c10d then uses this object as the whole group
     (``_new_process_group_helper``: "If the type is a subclass of ProcessGroup then
     return this process group immediately"), so it serves CPU tensors too, through the
     same gloo, without aliases.
@@ -133,12 +135,22 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
             self._backend = dist.distributed_c10d._create_process_group_wrapper(
                 self._gloo, BACKEND_NAME, store, rank, size, timeout
             )
-        # Registered for CPU tensors only: what C++ code reaches without passing through
-        # the methods below (c10d's op dispatch, ProcessGroup::getBackend) must never
-        # hand gloo an openreg tensor. The group's name and description, which c10d
-        # keeps in its backends (ProcessGroup::setGroupName), live there too.
+        # The backends C++ code gets from ProcessGroup::getBackend, which c10d's
+        # dispatcher ops (torch/csrc/distributed/c10d/Ops.cpp) ask for whenever C++
+        # calls a collective the trampoline does not forward to the methods below
+        # (reduce, gather, scatter, alltoall, _allgather_base, ...). CPU tensors: gloo
+        # itself, which also holds the group's name and description (c10d keeps them
+        # in the backends, ProcessGroup::setGroupName). openreg tensors: a C++ backend
+        # whose collectives call the methods below (csrc/python/
+        # OpenRegProcessGroupBackend.cpp), never gloo, which must not see a device
+        # address. CUSTOM, not GLOO: c10d keeps one backend per type and would hand
+        # openreg tensors to the CPU one.
         self._set_default_backend(c10d.ProcessGroup.BackendType.GLOO)
         self._register_backend(torch.device("cpu"), c10d.ProcessGroup.BackendType.GLOO, self._gloo)
+        self._register_backend(
+            torch.device("openreg"), c10d.ProcessGroup.BackendType.CUSTOM,
+            _C._process_group_backend(self, rank, size, BACKEND_NAME),
+        )
         # A plain group over the same gloo, for the coalesced collectives that gloo's
         # Python binding does not expose (all_gather_single_coalesced below); calling
         # them on this group would come back to the Python methods through the
@@ -156,15 +168,14 @@ class ProcessGroupOpenRegGloo(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802  (the C++ virtual's name)
         return BACKEND_NAME
 
-    def _get_backend(self, device: Any) -> dist.ProcessGroupGloo:
-        """The gloo transport, for the capability queries c10d makes in Python
-        (``init_process_group(device_id=...)`` asks ``supports_splitting``). C++ code
-        asking the group for an openreg backend still gets an error: gloo itself must
-        never see an openreg tensor, only its CPU alias."""
-        device_type = torch.device(device).type
-        if device_type not in ("openreg", "cpu"):
-            raise ValueError(f"{BACKEND_NAME} serves openreg and cpu tensors, not {device_type}")
-        return self._gloo
+    def splitGroup(self, *args: Any) -> None:  # noqa: N802  (the C++ virtual's name)
+        """``ProcessGroup::splitGroup``, which the trampoline forwards here (from C++, and
+        from ``group.split_group(...)``): torch's would dereference the store this group
+        was not built with (the trampoline's constructor takes none) and crash."""
+        raise RuntimeError(
+            f"{BACKEND_NAME} cannot split a group: make the sub-group with torch.distributed.new_group(ranks), "
+            "as init_device_mesh does."
+        )
 
     def shutdown(self) -> None:
         self._drain()
