@@ -14,6 +14,10 @@ openreg in the same run, in alternating batches; the median of each is kept.
   per add, is the launch latency, and ratio = latency / CPU's add (which runs
   its kernel too). This is what every launch costs with
   OPENREG_QUEUE_ALL_KERNELS=1.
+- graph replay: the same adds captured once into a graph (torch.openreg.graph),
+  then `replay()` and `synchronize()`, per add: the time to result when the
+  launches skip the dispatcher, as CUDA graphs are for. Ratio = openreg / CPU's
+  sequence.
 
 Printed, never asserted (tests/test_benchmarks.py runs it once, scaled down).
 """
@@ -59,6 +63,24 @@ def queued_launch(a, b, kernels: int) -> float:
     return latency
 
 
+def graph_replay(a, b, kernels: int):
+    """A graph of `kernels` adds (captured after a warm-up) and the per-add time of
+    one replay to result."""
+    g = torch.openreg.OpenRegGraph()
+    with torch.openreg.graph(g):
+        for _ in range(kernels):
+            torch.add(a, b)
+
+    def replay() -> float:
+        def run():
+            g.replay()
+            torch.openreg.synchronize()
+
+        return per_call_us(run, 1) / kernels
+
+    return g, replay
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=31, help="timed batches per measurement (median kept)")
@@ -72,23 +94,28 @@ def main(argv: list[str] | None = None) -> int:
     for d in tensors:  # warm up: first launches of a dtype combination run in the calling thread
         sequence(*tensors[d], 10, syncs[d])
 
-    cpu, seq, launch = [], [], []
+    graph, replay = graph_replay(*tensors[DEVICE], args.kernels)
+    cpu, seq, launch, replayed = [], [], [], []
     for i in range(args.repeat):
         order = ("cpu", DEVICE) if i % 2 == 0 else (DEVICE, "cpu")
         for d in order:
             (cpu if d == "cpu" else seq).append(sequence(*tensors[d], args.kernels, syncs[d]))
         launch.append(queued_launch(*tensors[DEVICE], args.kernels))
+        replayed.append(replay())
+    del graph
 
-    cpu_us, seq_us, launch_us = (statistics.median(x) for x in (cpu, seq, launch))
+    cpu_us, seq_us, launch_us, replay_us = (statistics.median(x) for x in (cpu, seq, launch, replayed))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.kernels} adds of {args.elements} "
           f"floats per batch, median of {args.repeat} batches")
     print(f"{'measurement':<34}{'cpu us':>10}{'openreg us':>12}{'ratio':>8}")
     print(f"{'sequence, launch to sync (per add)':<34}{cpu_us:>10.3f}{seq_us:>12.3f}{seq_us / cpu_us:>8.2f}")
     print(f"{'queued launch latency (per add)':<34}{cpu_us:>10.3f}{launch_us:>12.3f}{launch_us / cpu_us:>8.2f}")
+    print(f"{'graph replay to sync (per add)':<34}{cpu_us:>10.3f}{replay_us:>12.3f}{replay_us / cpu_us:>8.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "kernels": args.kernels, "elements": args.elements,
-                       "cpu_us": cpu_us, "sequence_us": seq_us, "queued_launch_us": launch_us}, f, indent=2)
+                       "cpu_us": cpu_us, "sequence_us": seq_us, "queued_launch_us": launch_us,
+                       "graph_replay_us": replay_us}, f, indent=2)
     return 0
 
 
