@@ -205,6 +205,18 @@ def test_bad_use_raises_clear_errors():
     with pytest.raises(RuntimeError, match="already holds a capture"):
         with torch.openreg.graph(g):
             pass
+    # A second graph on a stream another one captures: refused, and the first
+    # capture goes on allocating from its own pool.
+    outer, inner = torch.openreg.OpenRegGraph(), torch.openreg.OpenRegGraph()
+    with torch.openreg.graph(outer):
+        with pytest.raises(RuntimeError, match="captured already"):
+            inner.capture_begin()
+        y = x * 4
+    pool = tuple(outer.pool())
+    assert any(s["address"] <= y.data_ptr() < s["address"] + s["total_size"]
+               for s in torch.openreg.memory_snapshot() if tuple(s["segment_pool_id"]) == pool)
+    outer.replay()
+    assert y.cpu().tolist() == [4.0] * 4
     with pytest.raises(TypeError, match="OpenRegGraph"):
         torch.openreg.graph(object())
 

@@ -1303,11 +1303,14 @@ void begin_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream, uint64
   pools.of[device].emplace_back(stream, mempool);
 }
 
-void end_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream) {
+void end_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream, uint64_t mempool) {
   CapturePools& pools = capture_pools();
   const std::lock_guard<std::mutex> lock(pools.mutex);
   auto& of = pools.of[device];
-  of.erase(std::remove_if(of.begin(), of.end(), [stream](const auto& p) { return p.first == stream; }), of.end());
+  auto it = std::find(of.begin(), of.end(), std::make_pair(stream, mempool));
+  if (it != of.end()) {
+    of.erase(it);
+  }
 }
 
 void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool) {

@@ -70,7 +70,7 @@ uint64_t new_mempool_id();
 // made now if it does not exist; the capture takes one use of it, which
 // release_mempool gives back when the graph is reset.
 void begin_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream, uint64_t mempool);
-void end_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream);
+void end_capture_to_pool(c10::DeviceIndex device, c10::StreamId stream, uint64_t mempool);
 void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
 void end_allocate_to_pool(c10::DeviceIndex device, uint64_t mempool);
 void release_mempool(c10::DeviceIndex device, uint64_t mempool);

@@ -66,6 +66,14 @@ class OpenRegGraph final : public at::GraphImplInterface {
         stream.id() != 0,
         "openreg graphs must be captured on a non-default stream, as CUDA's (replays may use any stream): capture "
         "under `with torch.openreg.stream(torch.openreg.Stream()):`, as torch.openreg.graph does.");
+    TORCH_CHECK(
+        !current_stream_capturing(device),
+        "openreg graph capture_begin: the current stream is being captured already (by another graph).");
+    if (holds_pool_) {
+      // The pool of a capture that failed: this capture takes its own use.
+      holds_pool_ = false;
+      release_mempool(device_, mempool_);
+    }
     // A pool named either way: (0, id) as MemPool and graph_pool_handle name
     // theirs, or (id, 0).
     const uint64_t mempool =
@@ -75,11 +83,8 @@ class OpenRegGraph final : public at::GraphImplInterface {
     orStream_t raw = raw_stream(stream);
     begin_capture_to_pool(device, stream.id(), mempool);
     if (const orError err = orStreamBeginCapture(raw, runtime_mode(mode)); err != orError::Success) {
-      end_capture_to_pool(device, stream.id());
+      end_capture_to_pool(device, stream.id(), mempool);
       release_mempool(device, mempool);
-      TORCH_CHECK(
-          err != orError::StreamCaptureUnmatched,
-          "openreg graph capture_begin: the current stream is being captured already (by another graph).");
       OPENREG_CHECK(err);
     }
     {
@@ -189,7 +194,7 @@ class OpenRegGraph final : public at::GraphImplInterface {
       graphs.erase(std::remove_if(graphs.begin(), graphs.end(), [this](const auto& g) { return g.second == this; }),
           graphs.end());
     }
-    end_capture_to_pool(device_, stream_.id());
+    end_capture_to_pool(device_, stream_.id(), mempool_);
     orGraph_t graph = nullptr;
     const orError err = orStreamEndCapture(raw_stream(stream_), &graph);
     if (err != orError::Success) {
