@@ -112,6 +112,15 @@ def test_random_operators_draw_afresh_at_each_replay_as_eagerly():
     assert torch.equal(torch.rand(3, device=DEV).cpu(), eager_next)
 
 
+@pytest.mark.parametrize("warm_up", [False, True])
+def test_a_cpu_kernel_that_draws_is_refused(warm_up):
+    """bernoulli with a tensor of probabilities draws inside CPU's kernel, which
+    would draw the same numbers at every replay: refused, naming it."""
+    p = torch.full((64, 3 + warm_up), 0.5, device=DEV)
+    with pytest.raises(RuntimeError, match="bernoulli.*draws random numbers in CPU's kernel"):
+        captured(torch.bernoulli, p, warm_up=warm_up)
+
+
 def test_capture_allocates_from_the_graphs_pool_and_reset_gives_it_back():
     torch.openreg.synchronize()
     torch.openreg.empty_cache()
@@ -372,6 +381,9 @@ def test_make_graphed_callables_refuses_what_it_cannot_graph():
         torch.openreg.make_graphed_callables(m, (torch.ones(1, 2, device=DEV),))
     with pytest.raises(TypeError, match="only tensors"):
         torch.openreg.make_graphed_callables(lambda a, k: a, (torch.ones(2, device=DEV), 3))
+    with torch.autocast("openreg", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="cache_enabled=False"):
+            torch.openreg.make_graphed_callables(torch.nn.Linear(2, 2).to(DEV), (torch.ones(1, 2, device=DEV),))
 
 
 class LossOf(torch.nn.Module):

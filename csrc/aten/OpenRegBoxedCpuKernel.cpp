@@ -383,6 +383,16 @@ bool never_queued(const c10::OperatorHandle& op, Draws draws) {
        std::none_of(arguments.begin(), arguments.end(), is_generator_argument));
 }
 
+// An operator whose CPU kernel draws from a generator, met while the stream
+// is captured into a graph: the queued kernel would draw the same numbers at
+// every replay (random operators with openreg kernels draw afresh instead).
+void refuse_captured_draws(const char* name) {
+  TORCH_CHECK(
+      false, name, " draws random numbers in CPU's kernel, on the stream, which a graph capture cannot record: each "
+      "replay would draw the same numbers. Draw them before capture_begin, or leave this operator out of the "
+      "captured region.");
+}
+
 bool same_geometry(const at::Tensor& t, const LearntResult& r) {
   return t.sizes().equals(r.sizes) && t.strides().equals(r.strides) && t.storage_offset() == r.offset &&
       t.dtype() == r.dtype;
@@ -562,11 +572,9 @@ class BoxedCpuKernelCall {
   void learn_in_capture(const CallKey& key) {
     const char* name = interned_name(schema_.operator_name());
     const auto& parameters = schema_.arguments();
-    TORCH_CHECK(
-        std::none_of(parameters.begin(), parameters.end(), is_generator_argument), name,
-        " draws random numbers in CPU's kernel, on the stream, which a graph capture cannot record: each replay "
-        "would draw the same numbers. Draw them before capture_begin, or leave this operator out of the captured "
-        "region.");
+    if (std::any_of(parameters.begin(), parameters.end(), is_generator_argument)) {
+      refuse_captured_draws(name);
+    }
     const torch::jit::Stack arguments(stack_.begin() + static_cast<std::ptrdiff_t>(args_begin_), stack_.end());
     c10::SmallVector<const c10::TensorImpl*, 2> written;
     {
@@ -822,10 +830,9 @@ class BoxedCpuKernelCall {
       for (size_t i = 0; i < arguments.size(); ++i) {
         const c10::IValue& value = stack_[args_begin_ + i];
         if (is_generator_argument(arguments[i])) {
-          TORCH_CHECK(
-              !kernel.captured, learnt->name, " draws random numbers in CPU's kernel, on the stream, which a graph "
-              "capture cannot record: each replay would draw the same numbers. Draw them before capture_begin, or "
-              "leave this operator out of the captured region.");
+          if (kernel.captured) {
+            refuse_captured_draws(learnt->name);
+          }
           drawing = &openreg_generator_for(value.toOptional<at::Generator>(), device, learnt->name);
           drawing->order_queued_draw(current_raw_stream(device));
           kernel.stack.emplace_back(drawing->cpu_generator());

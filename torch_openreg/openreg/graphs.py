@@ -135,9 +135,11 @@ def make_graphed_callables(
     have no hooks when passed, and only parameters may require grad."""
     from torch_openreg import openreg
 
-    if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
+    if torch.is_autocast_enabled("openreg") and torch.is_autocast_cache_enabled():
         raise RuntimeError(
-            "make_graphed_callables does not support the autocast caching. Please set `cache_enabled=False`.")
+            "make_graphed_callables under torch.autocast with its weight cache on: the casts cached during the "
+            "capture would be freed when the autocast region ends while the graphs still use them. Pass "
+            "cache_enabled=False to torch.autocast.")
     single = not isinstance(callables, tuple)
     if single:
         callables, sample_args = (callables,), (sample_args,)
