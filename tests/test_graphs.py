@@ -110,6 +110,11 @@ def test_random_operators_draw_afresh_at_each_replay_as_eagerly():
     g.replay()
     g.replay()
     assert torch.equal(torch.rand(3, device=DEV).cpu(), eager_next)
+    # A bad argument raises at the call, as eagerly, and draws nothing.
+    torch.manual_seed(7)
+    with pytest.raises(RuntimeError, match="normal expects std >= 0.0"):
+        captured(lambda: torch.empty(4, device=DEV).normal_(0, -1.0))
+    assert torch.equal(torch.rand(3, device=DEV).cpu(), expected[0][:3])
 
 
 @pytest.mark.parametrize("warm_up", [False, True])

@@ -304,9 +304,16 @@ class ReplayDraws {
 // from a Philox offset the replay advances).
 template <typename Draw>
 void capture_draws(const at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Draw draw) {
-  check_on_openreg(self, op);
   const c10::DeviceIndex device = self.device().index();
-  (void)cpu_generator_for(generator, device, op); // its errors raise at the call
+  {
+    // The argument errors raise at the call, as eagerly: one draw from a copy
+    // of the generator, whose own state stays as it is.
+    const at::Generator& original =
+        generator.has_value() && generator->defined() ? *generator : default_generator(device);
+    const std::optional<at::Generator> copy = original.clone();
+    DrawTarget trial(self, copy, op, /*staged=*/true);
+    draw(trial);
+  }
   auto draws = std::make_shared<ReplayDraws>();
   add_replay_step(device, [draws, self = at::Tensor(self), generator, op, draw]() -> std::function<void()> {
     DrawTarget target(self, generator, op, /*staged=*/true);
@@ -323,7 +330,8 @@ void capture_draws(const at::Tensor& self, const std::optional<at::Generator>& g
 // capture it runs at each replay (capture_draws).
 template <typename Draw>
 at::Tensor& draw_into(at::Tensor& self, const std::optional<at::Generator>& generator, const char* op, Draw&& draw) {
-  if (C10_UNLIKELY(current_stream_capturing(self.device().index()))) {
+  if (C10_UNLIKELY(orStreamCaptureUnderway()) && self.device().is_privateuseone() &&
+      current_stream_capturing(self.device().index())) {
     capture_draws(self, generator, op, std::forward<Draw>(draw));
     return self;
   }
