@@ -639,6 +639,41 @@ def tensor_parallel_block_matches_one_process(r: Rank):
 
 
 @on_every_rank
+def sequence_parallel_block_matches_one_process(r: Rank):
+    # A transformer block's sequence parallelism: the LayerNorm on the rank's
+    # share of the sequence (SequenceParallel), all-gathered into the column-split
+    # linear, the row-split one reduce-scattered back onto the sequence shards.
+    import copy
+
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module)
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(
+        torch.nn.LayerNorm(8), torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    reference = copy.deepcopy(block)
+    block.to(r.device)
+    parallelize_module(block, mesh_of(r), {
+        "0": SequenceParallel(),
+        "1": ColwiseParallel(input_layouts=Shard(1)),
+        "3": RowwiseParallel(output_layouts=Shard(1)),
+    })
+    x = torch.randn(2, 4 * r.world, 8, generator=torch.Generator().manual_seed(3))
+    mine = slice(4 * r.rank, 4 * (r.rank + 1))
+    out = block(x[:, mine].to(r.device))
+    expected = reference(x)
+    torch.testing.assert_close(out.cpu(), expected[:, mine].detach(), rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    # Each rank's loss is the sum over its share of the sequence: the ranks'
+    # gradients together are the gradient of the whole sequence's sum.
+    expected.sum().backward()
+    for i in (0, 1, 3):
+        torch.testing.assert_close(
+            block[i].weight.grad.full_tensor().cpu(), reference[i].weight.grad, rtol=1e-5, atol=1e-5)
+
+
+@on_every_rank
 def fsdp_times_tp_on_two_dimensional_meshes_matches_one_process(r: Rank):
     # init_device_mesh("openreg", (dp, tp)): the MLP's linears split over "tp" (columns,
     # then rows) and fully_shard-ed over "dp", each dp rank on its share of the batch.
