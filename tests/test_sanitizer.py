@@ -264,3 +264,25 @@ def test_disable_removes_the_mode(checked):
     sanitizer.disable()
     assert not any(type(m).__name__ == "SanitizerMode" for m in _get_current_dispatch_mode_stack())
     assert not sanitizer.is_enabled()
+
+
+def test_graph_capture_and_replay_are_not_reported(checked, capsys):
+    """What a graph records is not checked (docs/runtime.md, "Sanitizer"): a capture
+    on its side stream, replays on the default stream, the static output read and
+    freed there make no report, and checks go on after."""
+    x = torch.ones(4096, device="openreg")
+    g = torch.openreg.OpenRegGraph()
+    with torch.openreg.graph(g):
+        y = (x * 2).sum()
+    for _ in range(2):
+        g.replay()
+        assert y.item() == 8192.0
+    del g, y
+    assert capsys.readouterr().err == ""
+    side = side_stream()
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        x.add_(1)
+    with pytest.raises(checked):
+        x.sum()  # still checked
+    one_report(capsys.readouterr().err)

@@ -567,9 +567,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_graph_pool_handle", [] { return py::make_tuple(0, openreg::new_mempool_id()); });
   m.def("_register_graph_impl", &openreg::register_graph_impl);
-  m.def("_is_current_stream_capturing", [] {
-    return openreg::current_stream_capturing(openreg::current_device());
-  });
+  m.def("_is_current_stream_capturing", [](int index) {
+    return openreg::orStreamCaptureUnderway() &&
+        openreg::current_stream_capturing(
+            index < 0 ? openreg::current_device() : static_cast<c10::DeviceIndex>(index));
+  }, py::arg("device") = -1);
   m.def("_host_memory_stats", &host_memory_stats);
   m.def("_reset_accumulated_host_memory_stats", [] { openreg::pinned_host_allocator()->reset_accumulated_stats(); });
   m.def("_reset_peak_host_memory_stats", [] { openreg::pinned_host_allocator()->reset_peak_stats(); });
