@@ -20,7 +20,7 @@ import torch
 import torch._dynamo
 import torch._inductor.config as inductor_config
 from torch._inductor import metrics
-from torch._inductor.utils import run_and_get_code
+from torch._inductor.utils import fresh_cache, run_and_get_code
 
 LAUNCH = "openreg_inductor::launch<"
 
@@ -40,13 +40,18 @@ class Model(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
-    """(model on CPU, openreg package path, CPU package path) of one Model."""
+    """(model on CPU, openreg package path, CPU package path) of one Model.
+
+    Compiled in a cache directory of its own: with pytest -n, every worker that
+    runs these tests compiles the same model, and a package made while another
+    worker rewrote a file of the shared cache once held an empty JSON file
+    (CI, OPENREG_QUEUE_ALL_KERNELS=1 run of stop 49)."""
     torch.manual_seed(0)
     model = Model().eval()
     x = torch.randn(4, 16)
     directory = tmp_path_factory.mktemp("aoti")
     paths = {}
-    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False):
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), fresh_cache():
         for device in ("openreg", "cpu"):
             exported = torch.export.export(model.to(device), (x.to(device),))
             paths[device] = torch._inductor.aoti_compile_and_package(
