@@ -549,7 +549,14 @@ class BoxedCpuKernelCall {
       learn_in_capture(*key);
       return;
     }
-    // Learn: what the operands are before the call, what it returned after.
+    memo().learn(*key, run_and_learn());
+  }
+
+ private:
+  // Runs the call here and learns what calls of its key return: what the
+  // operands are before the call, what it returned after (null if they
+  // cannot be queued).
+  std::shared_ptr<LearntReturns> run_and_learn() {
     std::vector<at::Tensor> operands;
     for (const at::Tensor* t : flat_tensors(arguments_on_stack())) {
       operands.push_back(*t);
@@ -559,10 +566,9 @@ class BoxedCpuKernelCall {
       written_before.emplace_back(k, Placement::of(operands[k]));
     }
     run_here();
-    memo().learn(*key, learnt(operands, written_before));
+    return learnt(operands, written_before);
   }
 
- private:
   // The first call with `key` while the stream is captured into a graph: the
   // call cannot wait for the stream, and the work recorded before it has not
   // run. It runs here on the memory as it is, its written operands replaced
@@ -595,24 +601,16 @@ class BoxedCpuKernelCall {
         });
       }
     }
-    std::vector<at::Tensor> operands;
-    c10::SmallVector<std::pair<size_t, Placement>, 2> written_before;
-    for (const at::Tensor* t : flat_tensors(arguments_on_stack())) {
-      operands.push_back(*t);
-    }
-    for (size_t k : written_operands()) {
-      written_before.emplace_back(k, Placement::of(operands[k]));
-    }
     call_.run_without_waiting();
+    std::shared_ptr<LearntReturns> returns;
     try {
-      run_here();
+      returns = run_and_learn();
     } catch (const c10::Error& e) {
       TORCH_CHECK(
           false, name, " ran during a graph's capture, on values the capture has not computed yet, to learn its "
           "results' shapes, and failed: ", e.what_without_backtrace(), "\nRun the captured code once before "
           "capturing (a warm-up on a side stream, as CUDA asks).");
     }
-    std::shared_ptr<LearntReturns> returns = learnt(operands, written_before);
     TORCH_CHECK(
         returns != nullptr, name, ": its results cannot be planned (they share memory with its operands, or are "
         "not strided), so it cannot be recorded into a graph.");
