@@ -40,6 +40,10 @@ thread_local std::string last_launch_error;
 // synchronize right after them find the other side awake.
 constexpr auto kSpin = std::chrono::microseconds(50);
 
+// A host thread that launches while a kernel of the stream has run this long
+// yields its core once (orStream::enqueue).
+constexpr auto kYieldAfter = std::chrono::microseconds(50);
+
 // A stream's ring holds kRing tasks; at most kMaxPending of them are queued
 // and not yet completed, the others completed and not yet released.
 constexpr uint64_t kRing = 2048;
@@ -150,6 +154,9 @@ struct orStream {
   alignas(64) std::atomic<uint64_t> completed{0};
   uint64_t taken = 0; // tasks the worker took; the worker's own
   std::atomic<uint8_t> busy{0}; // the running task's kBusy* bits; written by the worker, sampled
+  // When the running kernel started (steady clock ticks), 0 while the worker
+  // runs no kernel: written by the worker, read by launches.
+  std::atomic<int64_t> kernel_since{0};
 
   // The capture under way on this stream, if any (orStreamBeginCapture), and
   // whether there is one, read without the lock by every launch while a
@@ -255,8 +262,28 @@ struct orStream {
     }
   }
 
+  // A host thread launching beside a kernel that has run for kYieldAfter
+  // yields its core once. The device's kernels run on the host's cores: with
+  // the host thread busy launching, a kernel's OpenMP threads outnumber the
+  // free cores, and each barrier of theirs waits for the thread the launching
+  // thread displaced (oneDNN's LSTM has one per time step); a yield per
+  // launch lets it through sooner. A short kernel is left alone: a sequence
+  // of small launches keeps its pace.
+  void yield_to_long_kernel() const {
+    if (worker_of != nullptr) {
+      return;
+    }
+    const int64_t since = kernel_since.load(std::memory_order_relaxed);
+    if (since != 0 &&
+        std::chrono::steady_clock::now().time_since_epoch().count() - since >
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(kYieldAfter).count()) {
+      std::this_thread::yield();
+    }
+  }
+
   // Queues `task`; returns its position in the stream's sequence.
   uint64_t enqueue(Task task) {
+    yield_to_long_kernel();
     if (const uint64_t n = enqueued.load(std::memory_order_acquire); n >= kMaxPending && worker_of != this) {
       wait_until(n - kMaxPending + 1);
     }
@@ -339,12 +366,17 @@ struct orStream {
 
   void run(const Task& task) {
     busy.store(task.busy, std::memory_order_relaxed);
+    if (task.busy == (kBusyKernel | kBusyMemory)) {
+      kernel_since.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    }
     struct Idle {
       std::atomic<uint8_t>& busy;
+      std::atomic<int64_t>& kernel_since;
       ~Idle() {
         busy.store(0, std::memory_order_relaxed);
+        kernel_since.store(0, std::memory_order_relaxed);
       }
-    } idle_after{busy};
+    } idle_after{busy, kernel_since};
     if (task.name == nullptr) {
       task.run(task.args);
     } else {
