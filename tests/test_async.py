@@ -440,6 +440,85 @@ def test_an_untagged_value_dependent_shape_is_an_error_at_the_next_synchronising
     torch.testing.assert_close(jagged(other).cpu(), expected)
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda x: torch.ops.quantized.embedding_bag_byte_prepack(x), id="cpp_meta_kernel"),
+        pytest.param(lambda x: torch.ops.mkldnn._linear_pointwise(x, x[:32], x[0, :32], "none", [], ""),
+                     id="python_meta_kernel"),
+    ],
+)
+def test_another_librarys_cpp_operator_whose_meta_kernel_tells_the_shapes_is_queued(fn):
+    # Outside aten, a C++ CPU kernel whose Meta kernel gives the results'
+    # shapes from the operands' is queued like torch's own operators.
+    x = torch.randn(64, 64)
+    dx = x.to(DEVICE)
+    launched_before(lambda: fn(dx))
+    busy()
+    count = queued()
+    out, launch_ms = elapsed(lambda: fn(dx))
+    assert (queued() > count) is not BLOCKING
+    _, sync_ms = elapsed(torch.openreg.synchronize)
+    assert_waited(launch_ms, sync_ms)
+    torch.testing.assert_close(out.cpu(), fn(x), rtol=0, atol=0)
+
+
+def fake_bf16_quantized(dynamic):
+    """A fake (Meta) kernel for quantization::_FloatToBfloat16Quantized, a C++
+    operator that has none: one that gives its result's shape, or one that
+    asks for a dynamic size, as a value-dependent operator's does (torchvision's
+    nms); registered until the Library is destroyed."""
+    lib = torch.library.Library("quantization", "FRAGMENT")
+
+    def fake(x):
+        if dynamic:
+            return x.new_empty((torch.library.get_ctx().new_dynamic_size(),), dtype=torch.float16)
+        return x.new_empty(x.shape, dtype=torch.float16)
+
+    torch.library.register_fake("quantization::_FloatToBfloat16Quantized", fake, lib=lib)
+    return lib
+
+
+# Each case with operands of its own shape: a key learns once whether it may be queued.
+ROWS_BY_CASE = {"python_cpu_kernel": 8, "no_meta_kernel": 9, "dynamic_fake_kernel": 10, "static_fake_kernel": 11}
+
+
+@pytest.mark.parametrize("case", ROWS_BY_CASE)
+def test_another_librarys_operator_is_queued_only_with_a_cpp_kernel_and_a_meta_kernel_that_tells_the_shapes(case):
+    # A Python CPU kernel would need the GIL on the stream's worker; without a
+    # Meta kernel that gives the results' shapes, they may depend on the
+    # values. Either runs at once, in stream order, every time.
+    x = torch.randn(ROWS_BY_CASE[case], 64)
+    libs = []
+    try:
+        if case == "python_cpu_kernel":
+            lib = torch.library.Library("openreg_test_python_cpu", "DEF")
+            libs.append(lib)
+            lib.define("twice(Tensor x) -> Tensor")
+            lib.impl("twice", lambda x: x * 2, "CPU")
+            torch.library.register_fake("openreg_test_python_cpu::twice", torch.empty_like, lib=lib)
+            fn, expected = torch.ops.openreg_test_python_cpu.twice, x * 2
+        else:
+            if case != "no_meta_kernel":
+                libs.append(fake_bf16_quantized(dynamic=case == "dynamic_fake_kernel"))
+            fn = torch.ops.quantization._FloatToBfloat16Quantized
+            expected = fn(x)
+        dx = x.to(DEVICE)
+        launched_before(lambda: fn(dx))
+        busy()
+        count = queued()
+        out, launch_ms = elapsed(lambda: fn(dx))
+        if case == "static_fake_kernel":
+            assert (queued() > count) is not BLOCKING
+        else:
+            assert queued() == count
+            assert launch_ms > BUSY_MS / 4
+        torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+    finally:
+        for lib in libs:
+            lib._destroy()
+
+
 def test_a_queued_cpu_kernel_reports_its_error_at_the_next_synchronising_call():
     logp = torch.randn(4, 5, device=DEVICE).log_softmax(1)
     good = torch.tensor([0, 1, 2, 3], device=DEVICE)

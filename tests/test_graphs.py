@@ -301,6 +301,29 @@ def test_cpu_kernels_and_fallback_operators_are_recorded(warm_up):
     assert acc.cpu()[1].tolist() == [1.0] * cols and acc.cpu()[0].tolist() == [0.0] * cols
 
 
+@pytest.mark.filterwarnings("ignore:The openreg graph is empty")  # the refused capture's
+def test_another_librarys_operators_are_recorded_if_they_could_be_queued():
+    """A C++ operator from outside aten whose Meta kernel gives its results'
+    shapes is recorded like torch's own; one whose CPU kernel is Python cannot
+    run on the stream, and its capture says why."""
+    x = torch.randn(13, 64, device=DEV)
+    g, out = captured(torch.ops.quantized.embedding_bag_byte_prepack, x)
+    for _ in range(2):
+        new = torch.randn(13, 64)
+        x.copy_(new.to(DEV))
+        g.replay()
+        assert torch.equal(out.cpu(), torch.ops.quantized.embedding_bag_byte_prepack(new))
+    lib = torch.library.Library("openreg_test_graph_python", "DEF")
+    try:
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda x: x * 2, "CPU")
+        with pytest.raises(RuntimeError, match="twice: .*as another library's operator, it has no C.. CPU kernel"):
+            captured(torch.ops.openreg_test_graph_python.twice, x)
+    finally:
+        lib._destroy()
+    assert torch.equal(torch.ops.quantized.embedding_bag_byte_prepack(x).cpu(), out.cpu())
+
+
 def test_whole_training_step_captured_matches_cpu():
     """torch.cuda's whole-network capture example: forward, backward and an SGD
     step in one graph, replayed on new data; parameters as CPU's eager training."""

@@ -372,13 +372,11 @@ const char* interned_name(const c10::OperatorName& name) {
 // poisson...) is queued with the openreg generator's CPU generator, which
 // orders it with every other use (OpenRegGenerator.h).
 //
-// Only torch's own operators (aten) are queued: another library's operator may
-// have a CPU kernel written in Python, which would need the GIL on the
-// stream's worker.
+// Another library's operator is queued only if its first call shows more
+// (BoxedCpuKernelCall::learn_returns).
 bool never_queued(const c10::OperatorHandle& op, Draws draws) {
   const auto& arguments = op.schema().arguments();
-  return op.operator_name().getNamespace() != std::optional<std::string_view>("aten") ||
-      op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
+  return op.hasTag(at::Tag::dynamic_output_shape) || op.hasTag(at::Tag::data_dependent_output) ||
       (draws == Draws::kByTags && op.hasTag(at::Tag::nondeterministic_seeded) &&
        std::none_of(arguments.begin(), arguments.end(), is_generator_argument));
 }
@@ -391,6 +389,10 @@ void refuse_captured_draws(const char* name) {
       false, name, " draws random numbers in CPU's kernel, on the stream, which a graph capture cannot record: each "
       "replay would draw the same numbers. Draw them before capture_begin, or leave this operator out of the "
       "captured region.");
+}
+
+bool is_torch_operator(const c10::OperatorHandle& op) {
+  return op.operator_name().getNamespace() == std::optional<std::string_view>("aten");
 }
 
 bool same_geometry(const at::Tensor& t, const LearntResult& r) {
@@ -549,7 +551,7 @@ class BoxedCpuKernelCall {
       learn_in_capture(*key);
       return;
     }
-    memo().learn(*key, run_and_learn());
+    memo().learn(*key, learn_returns());
   }
 
  private:
@@ -567,6 +569,78 @@ class BoxedCpuKernelCall {
     }
     run_here();
     return learnt(operands, written_before);
+  }
+
+  // What calls of the key return, from this call run here; null if they
+  // cannot be queued. Another library's operator is queued only when
+  //  - its CPU kernel is C++: one written in Python would need the GIL on the
+  //    stream's worker, and
+  //  - its Meta kernel, run on meta copies of the operands, gives the results
+  //    the call returned: then their shapes follow from the operands' shapes.
+  //    A library need not tag an operator whose results' shape depends on
+  //    the values (torchvision's nms is not); its fake kernel asks for a
+  //    dynamic size, which raises on meta tensors, or it has no Meta kernel.
+  // Decided at the key's first call: a kernel registered later for the
+  // operator does not change it.
+  std::shared_ptr<LearntReturns> learn_returns() {
+    if (is_torch_operator(op_)) {
+      return run_and_learn();
+    }
+    std::optional<torch::jit::Stack> meta;
+    if (cpu_kernel_in_cpp()) {
+      meta = meta_results();
+    }
+    std::shared_ptr<LearntReturns> returns = run_and_learn();
+    return meta.has_value() && meta_agrees(*meta) ? returns : nullptr;
+  }
+
+  // Whether the kernel the call runs is C++: the dispatcher marks a kernel it
+  // can call unboxed (a C++ function), and says so only in its dump. A Python
+  // kernel is boxed only.
+  bool cpu_kernel_in_cpp() const {
+    const std::string state = op_.dumpState();
+    const std::string line = "\n" + std::string(c10::toString(kernel_key_)) + ": ";
+    const size_t begin = state.find(line); // the first is the one that runs
+    if (begin == std::string::npos) {
+      return false;
+    }
+    const size_t end = state.find('\n', begin + 1);
+    return state.substr(begin, end - begin).find("[ boxed unboxed ]") != std::string::npos;
+  }
+
+  // The stack after the operator's Meta kernel ran on meta copies of the
+  // device operands (host ones as they are); nothing if it raised.
+  std::optional<torch::jit::Stack> meta_results() const {
+    torch::jit::Stack meta;
+    for (const c10::IValue& value : arguments_on_stack()) {
+      meta.push_back(map_tensors(value, [](const at::Tensor& t) {
+        return t.defined() && t.device().is_privateuseone()
+            ? at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta))
+            : t;
+      }));
+    }
+    try {
+      op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    return meta;
+  }
+
+  // Whether the Meta kernel's results have the sizes of the results on the
+  // stack (not always their dtypes: quantized::embedding_bag_byte_prepack's
+  // Meta kernel returns float for uint8).
+  bool meta_agrees(const torch::jit::Stack& meta) const {
+    const size_t returns = schema_.returns().size();
+    const c10::SmallVector<const at::Tensor*, 8> expected =
+        flat_tensors(c10::ArrayRef<c10::IValue>(meta).slice(meta.size() - returns));
+    const c10::SmallVector<const at::Tensor*, 8> got =
+        flat_tensors(c10::ArrayRef<c10::IValue>(stack_).slice(stack_.size() - returns));
+    return got.size() == expected.size() &&
+        std::equal(got.begin(), got.end(), expected.begin(), [](const at::Tensor* a, const at::Tensor* b) {
+             return a->defined() == b->defined() &&
+                 (!a->defined() || a->sizes().equals(b->sizes()));
+           });
   }
 
   // The first call with `key` while the stream is captured into a graph: the
@@ -604,7 +678,7 @@ class BoxedCpuKernelCall {
     call_.run_without_waiting();
     std::shared_ptr<LearntReturns> returns;
     try {
-      returns = run_and_learn();
+      returns = learn_returns();
     } catch (const c10::Error& e) {
       TORCH_CHECK(
           false, name, " ran during a graph's capture, on values the capture has not computed yet, to learn its "
@@ -613,7 +687,10 @@ class BoxedCpuKernelCall {
     }
     TORCH_CHECK(
         returns != nullptr, name, ": its results cannot be planned (they share memory with its operands, or are "
-        "not strided), so it cannot be recorded into a graph.");
+        "not strided)",
+        is_torch_operator(op_) ? "" : ", or, as another library's operator, it has no C++ CPU kernel or no Meta "
+        "kernel that gives its results' shapes",
+        ", so it cannot be recorded into a graph.");
     memo().learn(key, returns);
     stack_.resize(args_begin_);
     stack_.insert(stack_.end(), arguments.begin(), arguments.end());
