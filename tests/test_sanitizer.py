@@ -286,3 +286,31 @@ def test_graph_capture_and_replay_are_not_reported(checked, capsys):
     with pytest.raises(checked):
         x.sum()  # still checked
     one_report(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["race", "fixed"])
+def test_compiled_code_is_checked_as_its_operators(checked, capsys, fixed):
+    """While a TorchDispatchMode is active, dynamo runs a compiled function's
+    frame eagerly (as under CSAN on CUDA), also a function compiled before the
+    sanitizer was enabled: its operators are checked like any others."""
+    compiled = torch.compile(lambda x: (x * 3 + 1).cos(), backend="inductor")
+    x = torch.ones(4096, device="openreg")
+    sanitizer.disable()
+    compiled(x)  # compiled here, without the sanitizer
+    torch.openreg.synchronize()
+    sanitizer.enable()
+    x.fill_(2.0)  # WRITE-ON-DEFAULT
+    side = side_stream()
+    if fixed:
+        side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        if fixed:
+            compiled(x)
+        else:
+            with pytest.raises(checked):
+                compiled(x)  # READ-ON-SIDE
+    if fixed:
+        assert capsys.readouterr().err == ""
+    else:
+        report = one_report(capsys.readouterr().err)
+        assert "# WRITE-ON-DEFAULT" in report and "# READ-ON-SIDE" in report
