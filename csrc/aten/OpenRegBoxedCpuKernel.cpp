@@ -372,7 +372,7 @@ const char* interned_name(const c10::OperatorName& name) {
 // poisson...) is queued with the openreg generator's CPU generator, which
 // orders it with every other use (OpenRegGenerator.h).
 //
-// Another library's operator is queued only if its first call shows more
+// Another library's operator needs more, which its key's first call checks
 // (BoxedCpuKernelCall::learn_returns).
 bool never_queued(const c10::OperatorHandle& op, Draws draws) {
   const auto& arguments = op.schema().arguments();
@@ -575,8 +575,8 @@ class BoxedCpuKernelCall {
   // cannot be queued. Another library's operator is queued only when
   //  - its CPU kernel is C++: one written in Python would need the GIL on the
   //    stream's worker, and
-  //  - its Meta kernel, run on meta copies of the operands, gives the results
-  //    the call returned: then their shapes follow from the operands' shapes.
+  //  - its Meta kernel, run on meta copies of the operands, gives results of
+  //    the sizes the call returned: then they follow from the operands' shapes.
   //    A library need not tag an operator whose results' shape depends on
   //    the values (torchvision's nms is not); its fake kernel asks for a
   //    dynamic size, which raises on meta tensors, or it has no Meta kernel.
