@@ -508,12 +508,13 @@ def test_free_with_caching_disabled_waits_for_the_kernels_using_the_memory():
     s = torch.openreg.Stream()
     with torch.openreg.caching_allocator_disabled():
         src = torch.arange(MiB, dtype=torch.float32, device="openreg")
+        s.wait_stream(torch.openreg.current_stream())  # before the switch: inside, the current stream is s
         with torch.openreg.stream(s):
-            s.wait_stream(torch.openreg.current_stream())
             torch.openreg._sleep(200)
             out = src * 2  # queued behind the sleep, reads src
         src.record_stream(s)
         del src  # orFree waits for s: out is computed from src, not from freed pages
+        torch.openreg.current_stream().wait_stream(s)  # out is s's
         assert torch.equal(out.cpu(), torch.arange(MiB, dtype=torch.float32) * 2)
         del out
     assert device_used() == used
@@ -527,8 +528,8 @@ def test_queued_work_with_caching_disabled_leaves_no_device_memory_behind():
     with torch.openreg.caching_allocator_disabled():
         x = a.to("openreg")
         s = torch.openreg.Stream()
+        s.wait_stream(torch.openreg.current_stream())
         with torch.openreg.stream(s):
-            s.wait_stream(torch.openreg.current_stream())
             torch.openreg._sleep(100)
             results = [torch.sort(x, dim=0).values, x.cumsum(0, dtype=torch.float64), x @ x.T, x.to(torch.bfloat16)]
         s.synchronize()
