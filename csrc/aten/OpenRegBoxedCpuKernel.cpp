@@ -455,7 +455,7 @@ struct QueuedCpuKernel {
             "with these shapes did not). This is an openreg bug; OPENREG_LAUNCH_BLOCKING=1 runs every kernel at once.");
       }
       const c10::SmallVector<const at::Tensor*, 8> results =
-          flat_tensors(c10::ArrayRef<c10::IValue>(arguments).slice(arguments.size() - returns));
+          flat_tensors(torch::jit::last(arguments, returns));
       TORCH_INTERNAL_ASSERT(results.size() == learnt->results.size());
       for (size_t i = 0; i < results.size(); ++i) {
         const at::Tensor& t = *results[i];
@@ -632,10 +632,8 @@ class BoxedCpuKernelCall {
   // Meta kernel returns float for uint8).
   bool meta_agrees(const torch::jit::Stack& meta) const {
     const size_t returns = schema_.returns().size();
-    const c10::SmallVector<const at::Tensor*, 8> expected =
-        flat_tensors(c10::ArrayRef<c10::IValue>(meta).slice(meta.size() - returns));
-    const c10::SmallVector<const at::Tensor*, 8> got =
-        flat_tensors(c10::ArrayRef<c10::IValue>(stack_).slice(stack_.size() - returns));
+    const c10::SmallVector<const at::Tensor*, 8> expected = flat_tensors(torch::jit::last(meta, returns));
+    const c10::SmallVector<const at::Tensor*, 8> got = flat_tensors(torch::jit::last(stack_, returns));
     return got.size() == expected.size() &&
         std::equal(got.begin(), got.end(), expected.begin(), [](const at::Tensor* a, const at::Tensor* b) {
              return a->defined() == b->defined() &&
@@ -790,8 +788,7 @@ class BoxedCpuKernelCall {
       }
     }
     out->name = interned_name(schema_.operator_name());
-    const c10::ArrayRef<c10::IValue> returns =
-        c10::ArrayRef<c10::IValue>(stack_).slice(stack_.size() - schema_.returns().size());
+    const c10::ArrayRef<c10::IValue> returns = torch::jit::last(stack_, schema_.returns().size());
     for (const c10::IValue& value : returns) {
       if (value.isTensor()) {
         out->shape.push_back(-1);
