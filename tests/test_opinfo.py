@@ -122,13 +122,25 @@ def call(op, sample, raw=False, **extra):
 
 
 def out_arguments(result, device):
-    """Empty tensors shaped like `result` (a tensor or a tuple of tensors) to
-    pass as out=, or None when the result has another structure."""
+    """Tensors shaped like `result` (a tensor or a tuple of tensors) to pass as
+    out=, or None when the result has another structure. They are filled with
+    the same value on every device (NaN, or the dtype's largest value), so that
+    elements a kernel leaves unwritten compare equal only if both left them."""
     if isinstance(result, torch.Tensor):
-        return torch.empty_like(result, device=device)
+        return filled_like(result, device)
     if isinstance(result, (tuple, list)) and result and all(isinstance(t, torch.Tensor) for t in result):
-        return tuple(torch.empty_like(t, device=device) for t in result)
+        return tuple(filled_like(t, device) for t in result)
     return None
+
+
+def filled_like(t, device):
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        value = float("nan")
+    elif t.dtype == torch.bool:
+        value = True
+    else:
+        value = torch.iinfo(t.dtype).max
+    return torch.full_like(t, value, device=device)
 
 
 class TestOpInfoOnDevice(conformance.CpuOracle, TestCase):
