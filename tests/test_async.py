@@ -381,6 +381,40 @@ def test_a_kernel_error_names_the_line_that_launched_it(behind_queued_work):
         assert f"the kernel was launched from {__file__}:{line} in " in str(raised.value)
 
 
+@pytest.fixture(params=["sanitizer", "flop_counter"])
+def torchs_python_code(request):
+    """What puts torch's and torch_openreg's Python frames between a user's line
+    and its kernels' launch: the stream sanitizer's dispatch mode, or torch's
+    FlopCounterMode."""
+    if request.param == "flop_counter":
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False):
+            yield
+        return
+    sanitizer = torch.openreg.sanitizer
+    was_enabled = sanitizer.is_enabled()
+    sanitizer.enable()
+    try:
+        yield
+    finally:
+        torch.openreg.synchronize()
+        if not was_enabled:
+            sanitizer.disable()
+
+
+def test_a_kernel_error_names_the_users_line_not_torchs_python_frames(torchs_python_code):
+    a = torch.tensor([5, 6], device=DEVICE)
+    zero = torch.zeros_like(a)
+    launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    busy(50)
+    line = inspect.currentframe().f_lineno + 1
+    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
+        with pytest.raises(torch.AcceleratorError) as raised:
+            torch.openreg.synchronize()
+        assert f"the kernel was launched from {__file__}:{line} in " in str(raised.value)
+
+
 def test_a_cpu_kernel_learns_the_results_of_each_new_geometry_at_once():
     # The first call that could be queued with operands of new shapes runs in
     # the calling thread and learns its results' shapes; the next is queued.

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -399,32 +400,29 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
                              "(Inductor's generated wrappers)."};
 
 // The launch site of a queued kernel (openreg::launch_site): the innermost
-// Python frame of the launching thread, "file:line in function". torch's
-// bindings release the GIL around an operator, and taking it again on every
-// launch would wait for whichever thread runs Python, so the frame is read
-// from the thread's own state, as torch's dynamo reads frames
-// (cpython_includes.h): the thread is inside this call, so its frames stay as
-// they are and each holds its code object. Sites are kept by (code object,
-// instruction); the first launch from a site takes the GIL once to name it
-// and references the code object, so that its address is not reused. A
-// thread without Python frames (autograd's) has no site. A program has few
-// sites; past kMaxSites new ones go unnamed rather than grow the table.
-const char* python_launch_site() {
-  PyThreadState* thread = PyGILState_GetThisThreadState();
-  if (thread == nullptr) {
-    return nullptr; // a thread Python never ran on
-  }
-#if PY_VERSION_HEX >= 0x030D0000
-  _PyInterpreterFrame* frame = thread->current_frame;
-#else
-  _PyInterpreterFrame* frame = thread->cframe->current_frame;
-#endif
-  while (frame != nullptr && _PyFrame_IsIncomplete(frame)) {
-    frame = frame->previous;
-  }
-  if (frame == nullptr) {
-    return nullptr;
-  }
+// Python frame of the launching thread outside torch and torch_openreg,
+// "file:line in function". Those two packages' frames are skipped (torch's
+// Python operators, a TorchDispatchMode's __torch_dispatch__ and _ops.py under
+// the sanitizer) so that the site is the user's line, as the last line of a
+// traceback would be. torch's bindings release the GIL around an operator, and
+// taking it again on every launch would wait for whichever thread runs Python,
+// so the frames are read from the thread's own state, as torch's dynamo reads
+// frames (cpython_includes.h): the thread is inside this call, so its frames
+// stay as they are and each holds its code object. Frames are kept by (code
+// object, instruction); the first launch from one takes the GIL once to name
+// it and tell whether it is in those packages, and references the code object,
+// so that its address is not reused. A launch from the user's code looks up
+// one frame. A thread without Python frames (autograd's) has no site. A
+// program has few sites; past kMaxSites new ones go unnamed rather than grow
+// the table.
+struct LaunchFrame {
+  std::string name; // "file:line in function"
+  bool internal; // in torch's or torch_openreg's package
+};
+
+// The frame's entry, named on its first lookup; nullptr past kMaxSites or if
+// Python cannot name it.
+const LaunchFrame* launch_frame(_PyInterpreterFrame* frame) {
   PyCodeObject* code = F_CODE(frame);
   const int offset = static_cast<int>(
       reinterpret_cast<const char*>(PREV_INSTR(frame)) - reinterpret_cast<const char*>(_PyCode_CODE(code)));
@@ -436,36 +434,82 @@ const char* python_launch_site() {
   };
   constexpr size_t kMaxSites = 1 << 16;
   static std::mutex mutex;
-  static auto* sites = new std::unordered_map<std::pair<PyCodeObject*, int>, std::string, Hash>(); // leaked
+  static auto* frames = new std::unordered_map<std::pair<PyCodeObject*, int>, LaunchFrame, Hash>(); // leaked
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    const auto found = sites->find(key);
-    if (found != sites->end()) {
-      return found->second.c_str(); // never erased: stays valid
+    const auto found = frames->find(key);
+    if (found != frames->end()) {
+      return &found->second; // never erased: stays valid
     }
-    if (sites->size() >= kMaxSites) {
+    if (frames->size() >= kMaxSites) {
       return nullptr;
     }
   }
-  std::string site;
+  LaunchFrame named;
   {
     const pybind11::gil_scoped_acquire gil;
+    // The packages' directories, with a trailing separator.
+    static const std::vector<std::string> packages = [] {
+      std::vector<std::string> dirs;
+      try {
+        const auto os = pybind11::module_::import("os");
+        for (const char* package : {"torch", "torch_openreg"}) {
+          const auto file = pybind11::module_::import(package).attr("__file__");
+          dirs.push_back(os.attr("path").attr("dirname")(file).cast<std::string>() + os.attr("sep").cast<std::string>());
+        }
+      } catch (const pybind11::error_already_set&) {
+        PyErr_Clear(); // no package to skip: every frame is the user's
+      }
+      return dirs;
+    }();
     const char* file = PyUnicode_AsUTF8(code->co_filename);
     const char* function = PyUnicode_AsUTF8(code->co_qualname);
     if (file == nullptr || function == nullptr) {
       PyErr_Clear();
       return nullptr;
     }
-    site = c10::str(file, ":", PyCode_Addr2Line(code, offset), " in ", function);
+    named.name = c10::str(file, ":", PyCode_Addr2Line(code, offset), " in ", function);
+    const std::string_view path(file);
+    named.internal = std::any_of(packages.begin(), packages.end(), [&](const std::string& dir) {
+      return path.substr(0, dir.size()) == dir;
+    });
     Py_INCREF(code); // the table's: the address names this code object only
   }
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto [entry, added] = sites->emplace(key, std::move(site));
+  const auto [entry, added] = frames->emplace(key, std::move(named));
   if (!added) {
     const pybind11::gil_scoped_acquire gil; // another thread named it meanwhile
     Py_DECREF(code);
   }
-  return entry->second.c_str();
+  return &entry->second;
+}
+
+const char* python_launch_site() {
+  PyThreadState* thread = PyGILState_GetThisThreadState();
+  if (thread == nullptr) {
+    return nullptr; // a thread Python never ran on
+  }
+#if PY_VERSION_HEX >= 0x030D0000
+  _PyInterpreterFrame* frame = thread->current_frame;
+#else
+  _PyInterpreterFrame* frame = thread->cframe->current_frame;
+#endif
+  const LaunchFrame* innermost = nullptr;
+  for (; frame != nullptr; frame = frame->previous) {
+    if (_PyFrame_IsIncomplete(frame)) {
+      continue;
+    }
+    const LaunchFrame* named = launch_frame(frame);
+    if (named == nullptr) {
+      return innermost == nullptr ? nullptr : innermost->name.c_str();
+    }
+    if (!named->internal) {
+      return named->name.c_str();
+    }
+    innermost = innermost == nullptr ? named : innermost;
+  }
+  // Only torch's own frames: torch's code launched it (a thread it started).
+  return innermost == nullptr ? nullptr : innermost->name.c_str();
 }
 
 } // namespace
