@@ -415,6 +415,14 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
 // one frame. A thread without Python frames (autograd's) has no site. A
 // program has few sites; past kMaxSites new ones go unnamed rather than grow
 // the table.
+// torch's and torch_openreg's directories, with a trailing separator: set
+// when the module loads (a static initialised on a launch could run Python,
+// which lets another launching thread take the GIL and wait on the static).
+std::vector<std::string>& package_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+
 struct LaunchFrame {
   std::string name; // "file:line in function"
   bool internal; // in torch's or torch_openreg's package
@@ -448,20 +456,6 @@ const LaunchFrame* launch_frame(_PyInterpreterFrame* frame) {
   LaunchFrame named;
   {
     const pybind11::gil_scoped_acquire gil;
-    // The packages' directories, with a trailing separator.
-    static const std::vector<std::string> packages = [] {
-      std::vector<std::string> dirs;
-      try {
-        const auto os = pybind11::module_::import("os");
-        for (const char* package : {"torch", "torch_openreg"}) {
-          const auto file = pybind11::module_::import(package).attr("__file__");
-          dirs.push_back(os.attr("path").attr("dirname")(file).cast<std::string>() + os.attr("sep").cast<std::string>());
-        }
-      } catch (const pybind11::error_already_set&) {
-        PyErr_Clear(); // no package to skip: every frame is the user's
-      }
-      return dirs;
-    }();
     const char* file = PyUnicode_AsUTF8(code->co_filename);
     const char* function = PyUnicode_AsUTF8(code->co_qualname);
     if (file == nullptr || function == nullptr) {
@@ -470,7 +464,7 @@ const LaunchFrame* launch_frame(_PyInterpreterFrame* frame) {
     }
     named.name = c10::str(file, ":", PyCode_Addr2Line(code, offset), " in ", function);
     const std::string_view path(file);
-    named.internal = std::any_of(packages.begin(), packages.end(), [&](const std::string& dir) {
+    named.internal = std::any_of(package_dirs().begin(), package_dirs().end(), [&](const std::string& dir) {
       return path.substr(0, dir.size()) == dir;
     });
     Py_INCREF(code); // the table's: the address names this code object only
@@ -518,6 +512,15 @@ PYBIND11_MODULE(_C, m) {
   // Before anything can run an openreg operator: CpuKernelCall relies on it.
   openreg::install_cpu_allocator_redirect();
   openreg::gpu_trace::python_error_pending() = [] { return PyGILState_Check() != 0 && PyErr_Occurred() != nullptr; };
+  {
+    const auto os = pybind11::module_::import("os");
+    const auto modules = pybind11::module_::import("sys").attr("modules"); // torch_openreg is importing this
+    for (const char* package : {"torch", "torch_openreg"}) {
+      const auto file = modules[package].attr("__file__");
+      package_dirs().push_back(os.attr("path").attr("dirname")(file).cast<std::string>() +
+                               os.attr("sep").cast<std::string>());
+    }
+  }
   openreg::set_launch_site_function(&python_launch_site);
   m.doc() = "Bindings of the openreg PrivateUse1 backend (use torch.openreg instead).";
   m.def("_init", &openreg::ensure_initialized, "Validates the configuration; raises on a bad one.");
