@@ -130,7 +130,15 @@ def test_small_requests_share_a_segment_and_sizes_round_to_512_bytes():
 
 
 def test_memory_stats_keys_match_torch_cuda():
-    stats = torch.openreg.memory_stats(0)
+    # Both reads see one state: a garbage collection between them (their dicts'
+    # allocations can start one) would free an earlier test's tensors.
+    gc.collect()
+    gc.disable()
+    try:
+        stats = torch.openreg.memory_stats(0)
+        via_accelerator = torch.accelerator.memory_stats(0)
+    finally:
+        gc.enable()
     for key in (
         "allocated_bytes.all.current",
         "allocated_bytes.all.peak",
@@ -144,7 +152,7 @@ def test_memory_stats_keys_match_torch_cuda():
         "num_device_free",
     ):
         assert key in stats, key
-    assert stats == torch.accelerator.memory_stats(0)
+    assert stats == via_accelerator
 
 
 def _summary_row(summary, label):
