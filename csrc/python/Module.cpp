@@ -399,22 +399,6 @@ PyMethodDef kEmptyStrided = {"_empty_strided", empty_strided_fast, METH_VARARGS,
                              "_empty_strided(size, stride, dtype, index): an uninitialised openreg tensor "
                              "(Inductor's generated wrappers)."};
 
-// The launch site of a queued kernel (openreg::launch_site): the innermost
-// Python frame of the launching thread outside torch and torch_openreg,
-// "file:line in function". Those two packages' frames are skipped (torch's
-// Python operators, a TorchDispatchMode's __torch_dispatch__ and _ops.py under
-// the sanitizer) so that the site is the user's line, as the last line of a
-// traceback would be. torch's bindings release the GIL around an operator, and
-// taking it again on every launch would wait for whichever thread runs Python,
-// so the frames are read from the thread's own state, as torch's dynamo reads
-// frames (cpython_includes.h): the thread is inside this call, so its frames
-// stay as they are and each holds its code object. Frames are kept by (code
-// object, instruction); the first launch from one takes the GIL once to name
-// it and tell whether it is in those packages, and references the code object,
-// so that its address is not reused. A launch from the user's code looks up
-// one frame. A thread without Python frames (autograd's) has no site. A
-// program has few sites; past kMaxSites new ones go unnamed rather than grow
-// the table.
 // torch's and torch_openreg's directories, with a trailing separator: set
 // when the module loads (a static initialised on a launch could run Python,
 // which lets another launching thread take the GIL and wait on the static).
@@ -478,6 +462,22 @@ const LaunchFrame* launch_frame(_PyInterpreterFrame* frame) {
   return &entry->second;
 }
 
+// The launch site of a queued kernel (openreg::launch_site): the innermost
+// Python frame of the launching thread outside torch and torch_openreg,
+// "file:line in function". Those two packages' frames are skipped (torch's
+// Python operators, a TorchDispatchMode's __torch_dispatch__ and _ops.py under
+// the sanitizer) so that the site is the user's line, as the last line of a
+// traceback would be. torch's bindings release the GIL around an operator, and
+// taking it again on every launch would wait for whichever thread runs Python,
+// so the frames are read from the thread's own state, as torch's dynamo reads
+// frames (cpython_includes.h): the thread is inside this call, so its frames
+// stay as they are and each holds its code object. Frames are kept by (code
+// object, instruction); the first launch from one takes the GIL once to name
+// it and tell whether it is in those packages, and references the code object,
+// so that its address is not reused. A launch from the user's code looks up
+// one frame. A thread without Python frames (autograd's) has no site. A
+// program has few sites; past kMaxSites new ones go unnamed rather than grow
+// the table.
 const char* python_launch_site() {
   PyThreadState* thread = PyGILState_GetThisThreadState();
   if (thread == nullptr) {
