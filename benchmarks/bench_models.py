@@ -12,7 +12,8 @@ compiled on the warm-up call, then timed as a forward).
 Each (model, phase) is timed as bench_ops.py times an operator (and with its
 functions): pairs of batches, one batch of calls per device, in alternating order,
 openreg synchronized at the end of every batch; ratio = openreg / CPU, the median
-of the pairs' ratios, with their first and third quartile. A batch takes about
+of the pairs' ratios, with their first and third quartile and a 95% confidence
+interval of the median (bench_ops.median_interval). A batch takes about
 --batch-ms of CPU time (the number of calls is set from the warm-up). The table
 also lists the operators openreg ran on the CPU fallback during one call of the
 phase (torch.openreg.fallback_stats()).
@@ -39,13 +40,17 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_ops import calls_per_batch, pair_ratios, per_call, quartiles
+from bench_ops import calls_per_batch, median_interval, pair_ratios, per_call, quartiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import model_zoo as zoo  # noqa: E402  (tests/model_zoo.py: the models of tests/test_models.py)
 
 DEV = "openreg"
-REPEAT = 21  # pairs of batches per (model, phase)
+# Pairs of batches per (model, phase). A training step's pairs differ by about
+# +-0.15 (quartiles); 61 pairs put the median within about +-0.05 (the row's
+# "median 95%"). Whole runs can differ by more: docs/performance.md, "GPT-2 at
+# the goal's edge".
+REPEAT = 61
 BATCH_MS = 20.0  # CPU time per batch
 
 
@@ -109,20 +114,22 @@ def measure(spec: zoo.ModelSpec, phase: zoo.Phase, repeat: int, batch_ms: float,
     row = {"model": spec.name, "phase": phase.name, "calls": calls,
            "cpu_ms": statistics.median(cpu_t) * 1e3, "openreg_ms": statistics.median(dev_t) * 1e3,
            "ratio": statistics.median(ratios), "ratio_quartiles": quartiles(ratios),
+           "ratio_interval": median_interval(ratios),
            "warmup_s": warmup_s, "fallback_ops": fallback_ops}
     if profile_n:
         row["profile"] = top_differences(cpu, dev, calls, profile_n)
     return row
 
 
-ROW = "{:<7} {:<14} {:>5} {:>10} {:>10} {:>6} {:<10} {}"
+ROW = "{:<7} {:<14} {:>5} {:>10} {:>10} {:>6} {:<10} {:<10} {}"
 
 
 def print_row(r: dict[str, Any]) -> None:
     q1, q3 = r["ratio_quartiles"]
+    low, high = r["ratio_interval"]
     fallbacks = ", ".join(f"{op} x{n}" for op, n in r["fallback_ops"].items()) or "-"
     print(ROW.format(r["model"], r["phase"], r["calls"], f"{r['cpu_ms']:.3f}", f"{r['openreg_ms']:.3f}",
-                     f"{r['ratio']:.2f}", f"{q1:.2f}-{q3:.2f}", fallbacks), flush=True)
+                     f"{r['ratio']:.2f}", f"{q1:.2f}-{q3:.2f}", f"{low:.2f}-{high:.2f}", fallbacks), flush=True)
     for p in r.get("profile", ()):
         print(f"    {p['op']:<52} calls {p['cpu_calls']:>6.1f} / {p['openreg_calls']:>6.1f}   "
               f"self us {p['cpu_us']:>9.1f} / {p['openreg_us']:>9.1f}   diff {p['diff_us']:>+9.1f}", flush=True)
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeat {args.repeat}, "
           f"batches of ~{args.batch_ms:g} ms; ratio = openreg / CPU")
-    print(ROW.format("model", "phase", "calls", "cpu ms", "openreg ms", "ratio", "q1-q3", "CPU fallback"))
+    print(ROW.format("model", "phase", "calls", "cpu ms", "openreg ms", "ratio", "q1-q3", "median 95%", "CPU fallback"))
     rows, errors = [], []
     for spec in (zoo.BY_NAME[m] for m in models):
         for phase in (zoo.PHASE_BY_NAME[p] for p in wanted):
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # a phase openreg cannot run yet: say so, time the others
                 errors.append({"model": spec.name, "phase": phase.name,
                                "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
-                print(ROW.format(spec.name, phase.name, "", "", "", "", "", f"error: {errors[-1]['error']}"),
+                print(ROW.format(spec.name, phase.name, "", "", "", "", "", "", f"error: {errors[-1]['error']}"),
                       flush=True)
                 continue
             finally:

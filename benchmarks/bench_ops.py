@@ -401,6 +401,22 @@ def quartiles(values: list[float]) -> tuple[float, float]:
     return q1, q3
 
 
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A confidence interval of at least 95% for the median, assuming no
+    distribution (the sign test's): with e values left out on each side, the
+    true median lies below the lowest one kept only if at most e of the values
+    are below it, which has probability P(Binomial(n, 1/2) <= e). The quartiles
+    say how much single pairs differ; this says how far the median could still
+    move in a longer run. Up to 8 values: their whole range (less than 95%)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    e, tail = 0, 1 / 2**n  # tail: P(Binomial(n, 1/2) <= e)
+    while tail + math.comb(n, e + 1) / 2**n <= 0.025:
+        e += 1
+        tail += math.comb(n, e) / 2**n
+    return ordered[e], ordered[n - 1 - e]
+
+
 def measure(case: Case, large: bool, repeat: int, calls: int, placements: int) -> dict[str, Any]:
     """Times the case on both devices, interleaved; one row of the table."""
     # Each placement is a fresh set of arguments (and out= tensors) on both

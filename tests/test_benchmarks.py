@@ -19,13 +19,17 @@ BENCH_LAUNCH = ROOT / "benchmarks" / "bench_launch.py"
 BENCH_IPC = ROOT / "benchmarks" / "bench_ipc.py"
 
 
-def bench_ops_cases() -> list:
+def load_bench_ops():
     spec = importlib.util.spec_from_file_location("bench_ops", BENCH_OPS)
     module = importlib.util.module_from_spec(spec)
     # dataclasses look the module up in sys.modules to resolve string annotations.
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return list(module.CASES)
+    return module
+
+
+def bench_ops_cases() -> list:
+    return list(load_bench_ops().CASES)
 
 
 def run_benchmark(script: Path, json_path: Path, *args: str) -> dict:
@@ -77,8 +81,20 @@ def test_bench_models_reports_every_model_and_phase_with_its_fallbacks(tmp_path)
         for key in ("cpu_ms", "openreg_ms", "ratio"):
             assert math.isfinite(r[key]) and r[key] > 0, (r["model"], r["phase"], key, r[key])
         assert r["calls"] == 1
+        assert r["ratio_interval"] == [r["ratio"], r["ratio"]]  # one pair: its ratio
         assert isinstance(r["fallback_ops"], dict)
         assert len(r["profile"]) == 2 and all(p["op"] for p in r["profile"])
+
+
+def test_median_interval_is_the_sign_tests():
+    median_interval = load_bench_ops().median_interval
+    # 61 values: the 23rd and the 39th (P(Binomial(61, 1/2) <= 22) = 2.0%, <= 23: 3.6%);
+    # 21 values: the 6th and the 16th; up to 8 values, the whole range.
+    assert median_interval([float(v) for v in range(61, 0, -1)]) == (23.0, 39.0)
+    assert median_interval([float(v) for v in range(1, 22)]) == (6.0, 16.0)
+    assert median_interval([float(v) for v in range(1, 10)]) == (2.0, 8.0)
+    assert median_interval([float(v) for v in range(8, 0, -1)]) == (1.0, 8.0)
+    assert median_interval([1.5]) == (1.5, 1.5)
 
 
 def test_bench_launch_reports_the_sequence_and_the_queued_launch_latency(tmp_path):
