@@ -411,9 +411,8 @@ def median_interval(values: list[float]) -> tuple[float, float]:
     ordered = sorted(values)
     n = len(ordered)
     e, tail = 0, 1 / 2**n  # tail: P(Binomial(n, 1/2) <= e)
-    while tail + math.comb(n, e + 1) / 2**n <= 0.025:
-        e += 1
-        tail += math.comb(n, e) / 2**n
+    while (wider := tail + math.comb(n, e + 1) / 2**n) <= 0.025:
+        e, tail = e + 1, wider
     return ordered[e], ordered[n - 1 - e]
 
 
