@@ -252,10 +252,12 @@ void run_kernel_inline(c10::DeviceIndex device, F&& body) {
 }
 
 // Elements below which a kernel is small: run at once on an idle stream,
-// where queueing it would cost more than running it (docs/runtime.md,
-// "Kernels"). torch's CPU kernels do not split work below this size between
-// threads either (at::internal::GRAIN_SIZE).
-constexpr int64_t kSmallKernel = 32768;
+// where handing it to the worker would cost the launching thread more than
+// running it (docs/runtime.md, "Kernels"). A larger kernel is queued even on
+// an idle stream, so that it runs beside the host's next Python and launches:
+// whole models gain more from that than an operator timed alone loses
+// (docs/performance.md, "Measurements behind comments").
+constexpr int64_t kSmallKernel = 1024;
 
 // The runtime's launch switches (fixed when it starts, which a launch
 // follows), read once into a global atomic: every launch reads them.
