@@ -59,7 +59,7 @@ def elapsed(events):
 
 
 def test_fallback_kernel_is_a_device_event_that_gives_its_op_device_time():
-    x = torch.randn(50, 40)
+    x = torch.randn(20, 40)  # 800 elements: a small kernel (below kSmallKernel)
     d = x.to("openreg")
     torch.cumsum(d, 0)  # the first launch of a dtype combination runs in the calling thread
     p, y = profiled(lambda: torch.cumsum(d, 0))
