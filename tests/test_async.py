@@ -746,6 +746,27 @@ def test_tensors_dropped_while_their_kernel_is_queued_stay_valid():
         assert torch.equal(out.cpu(), torch.full((1000,), 2.0 * i))
 
 
+def test_a_queued_kernel_reads_a_cpu_operand_as_it_was_at_the_launch_and_a_python_scalar_without_a_copy():
+    # Host memory is not stream ordered: a queued kernel keeps a copy of a CPU
+    # tensor operand, as CUDA passes its value. A Python scalar (ATen's wrapped
+    # number) has no other owner that could write to it, so it is not copied.
+    x = torch.ones(4096, device=DEVICE)
+    scale = torch.tensor(2.0)
+    launched_before(lambda: x * scale)
+    busy()
+    out = x * scale
+    scale.fill_(5.0)
+    assert torch.equal(out.cpu(), torch.full((4096,), 2.0))
+
+    launched_before(lambda: x * 3.0)
+    busy()
+    with torch.profiler.profile() as prof:
+        out = x * 3.0
+    torch.openreg.synchronize()
+    assert torch.equal(out.cpu(), torch.full((4096,), 3.0))
+    assert "aten::clone" not in {e.key for e in prof.key_averages()}
+
+
 def test_dropping_tensors_a_queued_kernel_uses_frees_their_memory_at_once():
     # As on CUDA: a kernel holds pointers, not tensors; the freed blocks go to
     # later work on the same stream, which runs after the kernel.

@@ -199,6 +199,11 @@ at::Tensor kernel_tensor_argument(const at::TensorBase& t) {
   if (!t.defined() || t.device().is_privateuseone()) {
     return kernel_view(t);
   }
+  // A wrapped number (a Python scalar ATen made a 0-dim tensor of) has no
+  // other owner to write to it: holding it is as good as a copy.
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    return at::Tensor(t);
+  }
   return at::Tensor(t).clone();
 }
 

@@ -79,7 +79,7 @@ KernelTensorMeta kernel_cpu_tensor_meta(const at::TensorBase& t);
 // What a queued kernel keeps of one argument of its launch: a kernel_view of
 // an openreg tensor, a copy of a CPU tensor (host memory is not stream
 // ordered: a CPU scalar operand is often a temporary of the caller, and CUDA
-// passes its value), anything else by value.
+// passes its value) unless it is a wrapped number, anything else by value.
 at::Tensor kernel_tensor_argument(const at::TensorBase& t);
 template <typename T>
 constexpr bool is_array_ref = false;
