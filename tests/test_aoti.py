@@ -161,7 +161,12 @@ def test_cpp_wrapper_kernel_is_queued_on_the_stream_behind_queued_work():
     count = queued()
     out = compiled(x)
     assert (queued() > count) is not blocking
-    torch.testing.assert_close(out.cpu(), fn(x.cpu()))
+    # The oracle is the same graph compiled for CPU (the same generated kernel):
+    # eager CPU's cos runs MKL's VML, and twice in CI (stops 54 and 55) its
+    # second half of rows, the OpenMP helper thread's, came out exactly as VML's
+    # low-accuracy mode computes it (27,251 elements, at most 3.0e-4 off, the
+    # bound of vmsCos with VML_EP) though torch passes VML_HA on each call.
+    torch.testing.assert_close(out.cpu(), compiled_on_cpu(fn, x))
 
 
 def test_cpp_wrapper_mixes_cpu_and_openreg_tensors():
