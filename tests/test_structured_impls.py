@@ -62,6 +62,26 @@ def test_addmm_is_cpus_bit_for_bit(shape, dtype):
             same_as_cpu(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=-2.0), bias, a, b)
 
 
+def test_addmm_copies_a_bias_of_any_layout_into_a_row_or_column_major_out():
+    m, k, n = 8, 5, 7
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    biases = {
+        "row": torch.randn(n),
+        "column": torch.randn(m, 1),
+        "transposed": torch.randn(n, m).t(),
+        "strided": torch.randn(m, 2 * n)[:, ::2],
+        "expanded": torch.randn(n).expand(m, n),
+    }
+    for name, bias in biases.items():
+        same_as_cpu(lambda c, x, y: torch.addmm(c, x, y, beta=0.5), bias, a, b)
+        # Column-major out: the copy walks the columns.
+        expected = torch.empty(n, m).t()
+        torch.addmm(bias, a, b, beta=0.5, out=expected)
+        out = torch.empty(n, m, device=DEV).t()
+        torch.addmm(on(bias), on(a), on(b), beta=0.5, out=out)
+        assert torch.equal(out.cpu(), expected), name
+
+
 def test_linear_is_cpus_bit_for_bit():
     x, w, bias = torch.randn(8, 16), torch.randn(32, 16), torch.randn(32)
     same_as_cpu(torch.nn.functional.linear, x, w, bias)

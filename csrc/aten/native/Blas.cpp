@@ -122,17 +122,28 @@ std::optional<Gemm> plan(const at::Tensor& out, const at::Tensor& m1, const at::
   return g;
 }
 
-// dst = src for two matrices of one shape and dtype, any strides.
+// dst = src for two matrices of one shape and dtype, any strides. The loop
+// walks dst's contiguous dimension innermost; where src is contiguous along it
+// too (a bias row broadcast down the rows is), each line is one std::copy_n.
 template <class T>
 void copy_matrix(const at::Tensor& src, const at::Tensor& dst) {
   const T* from = static_cast<const T*>(orKernelAddress(src.const_data_ptr()));
   T* to = static_cast<T*>(orKernelAddress(dst.mutable_data_ptr()));
-  const int64_t rows = dst.size(0), cols = dst.size(1);
-  const int64_t from_row = src.stride(0), from_col = src.stride(1);
-  const int64_t to_row = dst.stride(0), to_col = dst.stride(1);
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      to[i * to_row + j * to_col] = from[i * from_row + j * from_col];
+  const bool by_rows = dst.stride(1) == 1 || dst.size(1) == 1;
+  const int outer = by_rows ? 0 : 1;
+  const int inner = 1 - outer;
+  const int64_t lines = dst.size(outer), length = dst.size(inner);
+  const int64_t from_line = src.stride(outer), from_step = src.stride(inner);
+  const int64_t to_line = dst.stride(outer), to_step = dst.stride(inner);
+  for (int64_t i = 0; i < lines; ++i) {
+    const T* line = from + i * from_line;
+    T* out = to + i * to_line;
+    if (from_step == 1 && to_step == 1) {
+      std::copy_n(line, length, out);
+      continue;
+    }
+    for (int64_t j = 0; j < length; ++j) {
+      out[j * to_step] = line[j * from_step];
     }
   }
 }
@@ -192,7 +203,7 @@ bool blas_addmm(
     return false;
   }
   const bool add = beta.toComplexDouble() != 0.0 && !self.is_same(out);
-  // A small bias (often a broadcast row) is copied here, element by element;
+  // A small bias (often a broadcast row) is copied here (copy_matrix);
   // copy_ would build CPU aliases for it. A large one, or one sharing
   // memory with the output, goes through copy_.
   const bool small = out.numel() < at::internal::GRAIN_SIZE && !self.storage().is_alias_of(out.storage());
