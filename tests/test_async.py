@@ -5,6 +5,7 @@ as on CUDA (docs/runtime.md, "Kernels")."""
 import gc
 import inspect
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -736,6 +737,39 @@ def test_a_thousand_launches_complete_in_order():
     for i in range(1000):
         x = x + 1
     assert torch.equal(x.cpu(), torch.full((16,), 1000.0))
+
+
+def blocked_times():
+    """How often the calling thread has blocked, giving up its core to wait."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+
+
+def test_a_thread_synchronizing_behind_many_tasks_is_woken_once():
+    # The worker wakes a blocked thread once the position it waits for has
+    # completed, not at every completion: each wake took a core from the kernels.
+    stream = torch.openreg.Stream()
+    with torch.openreg.stream(stream):
+        for _ in range(100):
+            torch.openreg._sleep(1)
+    before = blocked_times()
+    stream.synchronize()
+    assert blocked_times() - before <= 3
+
+
+@pytest.mark.skipif(BLOCKING, reason="each launch waits for its own kernel, so no queue fills")
+def test_a_launch_that_finds_the_queue_full_waits_for_a_quarter_of_it_to_complete():
+    # At most 1024 tasks are pending; a launch beyond them waits until 256 have
+    # completed, so the launching thread blocks once per 256 launches, not per launch.
+    stream = torch.openreg.Stream()
+    with torch.openreg.stream(stream):
+        for _ in range(1024):
+            torch.openreg._sleep(0.2)
+        before = blocked_times()
+        for _ in range(512):
+            torch.openreg._sleep(0.2)
+        blocked = blocked_times() - before
+        stream.synchronize()
+    assert blocked <= 4
 
 
 def test_tensors_dropped_while_their_kernel_is_queued_stay_valid():

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -48,9 +49,15 @@ constexpr auto kYieldAfter = std::chrono::microseconds(50);
 // and not yet completed, the others completed and not yet released.
 constexpr uint64_t kRing = 2048;
 constexpr uint64_t kMaxPending = 1024;
+// A launch that finds kMaxPending tasks pending waits until kRefill of them
+// have completed, so that a launching thread that keeps the queue full is
+// woken once per kRefill launches rather than at every completion.
+constexpr uint64_t kRefill = 256;
 // A launch releases completed tasks once this many are unreleased: reading
 // the worker's count of completed tasks moves a cache line between cores.
 constexpr uint64_t kReleaseEvery = 64;
+// orStream::wake_at while no thread is blocked waiting for the stream.
+constexpr uint64_t kNoWaiter = UINT64_MAX;
 
 template <typename Done>
 bool spin_until(Done done) {
@@ -143,7 +150,13 @@ struct orStream {
   uint64_t released = 0;        // tasks released so far; under `mutex`
   bool worker_started = false;  // under `mutex`
   bool worker_asleep = false;   // under `mutex`
-  std::atomic<int> sleepers{0}; // threads blocked in wait_until
+  // The lowest position a thread blocked in wait_until waits for
+  // (kNoWaiter while none is blocked); under `mutex`, read by the worker
+  // without it. The worker wakes the blocked threads once its completed count
+  // reaches it, not at every completion: a synchronize blocked behind 400
+  // tasks is woken once, not 400 times, and neither its core nor the
+  // worker's pays for the rest.
+  std::atomic<uint64_t> wake_at{kNoWaiter};
 
   // Tasks enqueued and completed so far. Enqueued is written under `mutex`,
   // completed by the worker alone; both are read without a lock: a query of
@@ -284,8 +297,11 @@ struct orStream {
   // Queues `task`; returns its position in the stream's sequence.
   uint64_t enqueue(Task task) {
     yield_to_long_kernel();
-    if (const uint64_t n = enqueued.load(std::memory_order_acquire); n >= kMaxPending && worker_of != this) {
-      wait_until(n - kMaxPending + 1);
+    if (worker_of != this) {
+      const uint64_t done = completed.load(std::memory_order_acquire);
+      if (const uint64_t n = enqueued.load(std::memory_order_acquire); n - done >= kMaxPending) {
+        wait_until(n - kMaxPending + kRefill);
+      }
     }
     std::vector<Task> finished = release_buffer();
     std::unique_lock<std::mutex> lock(mutex);
@@ -352,13 +368,14 @@ struct orStream {
     worker_of = this;
     for (;;) {
       run(next());
-      // Sequentially consistent with wait_until's count of sleepers: either
-      // the worker sees a sleeper and wakes it, or the sleeper sees this
+      // Sequentially consistent with wait_until: either the worker sees the
+      // position a thread registered and wakes it, or that thread sees this
       // completion before it sleeps.
-      completed.fetch_add(1);
+      const uint64_t done = completed.fetch_add(1) + 1;
       pending_tasks.fetch_sub(1, std::memory_order_release);
-      if (sleepers.load() > 0) {
+      if (done >= wake_at.load()) {
         std::lock_guard<std::mutex> lock(mutex);
+        wake_at.store(kNoWaiter);
         work_done.notify_all();
       }
     }
@@ -431,9 +448,16 @@ struct orStream {
       return;
     }
     std::unique_lock<std::mutex> lock(mutex);
-    sleepers.fetch_add(1);
-    work_done.wait(lock, [&] { return reached(position); });
-    sleepers.fetch_sub(1);
+    // A thread woken for a lower position (or spuriously) registers again.
+    for (;;) {
+      if (position < wake_at.load()) {
+        wake_at.store(position);
+      }
+      if (completed.load() >= position) {
+        return;
+      }
+      work_done.wait(lock);
+    }
   }
 };
 
