@@ -151,12 +151,14 @@ struct orStream {
   bool worker_started = false;  // under `mutex`
   bool worker_asleep = false;   // under `mutex`
   // The lowest position a thread blocked in wait_until waits for
-  // (kNoWaiter while none is blocked); under `mutex`, read by the worker
-  // without it. The worker wakes the blocked threads once its completed count
-  // reaches it, not at every completion: a synchronize blocked behind 400
-  // tasks is woken once, not 400 times, and neither its core nor the
-  // worker's pays for the rest.
-  std::atomic<uint64_t> wake_at{kNoWaiter};
+  // (kNoWaiter while none is blocked); written under `mutex`, read by the
+  // worker after every task, so on a line of its own: on the mutex's line,
+  // that read pulled the line back from the launching core every launch. The
+  // worker wakes the blocked threads once its completed count reaches it, not
+  // at every completion: a synchronize blocked behind 400 tasks is woken
+  // once, not 400 times, and neither its core nor the worker's pays for the
+  // rest.
+  alignas(64) std::atomic<uint64_t> wake_at{kNoWaiter};
 
   // Tasks enqueued and completed so far. Enqueued is written under `mutex`,
   // completed by the worker alone; both are read without a lock: a query of
