@@ -744,13 +744,17 @@ def blocked_times():
     return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
 
 
+def queue_sleeps(count, ms):
+    for _ in range(count):
+        torch.openreg._sleep(ms)
+
+
 def test_a_thread_synchronizing_behind_many_tasks_is_woken_once():
     # The worker wakes a blocked thread once the position it waits for has
     # completed, not at every completion: each wake took a core from the kernels.
     stream = torch.openreg.Stream()
     with torch.openreg.stream(stream):
-        for _ in range(100):
-            torch.openreg._sleep(1)
+        queue_sleeps(100, 1)
     before = blocked_times()
     stream.synchronize()
     assert blocked_times() - before <= 3
@@ -762,11 +766,9 @@ def test_a_launch_that_finds_the_queue_full_waits_for_a_quarter_of_it_to_complet
     # completed, so the launching thread blocks once per 256 launches, not per launch.
     stream = torch.openreg.Stream()
     with torch.openreg.stream(stream):
-        for _ in range(1024):
-            torch.openreg._sleep(0.2)
+        queue_sleeps(1024, 0.2)
         before = blocked_times()
-        for _ in range(512):
-            torch.openreg._sleep(0.2)
+        queue_sleeps(512, 0.2)
         blocked = blocked_times() - before
         stream.synchronize()
     assert blocked <= 4
