@@ -155,9 +155,9 @@ struct orStream {
   // worker after every task, so on a line of its own: on the mutex's line,
   // that read pulled the line back from the launching core every launch. The
   // worker wakes the blocked threads once its completed count reaches it, not
-  // at every completion: a synchronize blocked behind 400 tasks is woken
-  // once, not 400 times, and neither its core nor the worker's pays for the
-  // rest.
+  // at every completion: a synchronize blocked behind 100 tasks is woken
+  // once, not 100 times (tests/test_async.py), and neither its core nor the
+  // worker's pays for the rest.
   alignas(64) std::atomic<uint64_t> wake_at{kNoWaiter};
 
   // Tasks enqueued and completed so far. Enqueued is written under `mutex`,
@@ -451,6 +451,8 @@ struct orStream {
     }
     std::unique_lock<std::mutex> lock(mutex);
     // A thread woken for a lower position (or spuriously) registers again.
+    // Both accesses are sequentially consistent (not reached()'s acquire
+    // load), as serve()'s increment and its read of wake_at are.
     for (;;) {
       if (position < wake_at.load()) {
         wake_at.store(position);
