@@ -4,6 +4,7 @@ as on CUDA (docs/runtime.md, "Kernels")."""
 
 import gc
 import inspect
+import json
 import os
 import resource
 import subprocess
@@ -730,6 +731,52 @@ def test_kernels_see_the_launching_thread_count():
         assert torch.equal(x.to(DEVICE).sum().cpu(), x.sum())
     finally:
         torch.set_num_threads(previous)
+
+
+TEAM_MASKS = """
+    import json, os, threading, torch
+    def masks():  # {thread id: the CPUs it may run on}
+        return {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+    x = torch.randn(1 << 20, device="openreg")
+    rounds = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        for _ in range(3):  # the first call of a new geometry runs at once, the others are queued
+            (x + x).sum()
+        torch.openreg.synchronize()
+        rounds.append(masks())
+    print(json.dumps({"main": threading.get_native_id(), "cpus": sorted(os.sched_getaffinity(0)), "rounds": rounds}))
+"""
+PLACEMENT_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+
+
+def team_masks(**env):
+    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(TEAM_MASKS)], capture_output=True, text=True,
+                            timeout=120, env={**clean, **env})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    return out["main"], out["cpus"], [{int(t): m for t, m in r.items()} for r in out["rounds"]]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a team has nowhere to spread")
+def test_a_workers_team_is_bound_one_thread_to_a_cpu_and_the_launching_thread_left_free():
+    main, cpus, (two, one) = team_masks()
+    # torch.set_num_threads(2): the worker and its helper on the first two CPUs, one each.
+    bound = {t: m for t, m in two.items() if len(m) == 1}
+    assert sorted(m[0] for m in bound.values()) == cpus[:2], two
+    assert two[main] == cpus  # the launching thread and CPU's own threads stay free
+    assert all(m == cpus for t, m in two.items() if t not in bound)
+    # A team of one is free again: the worker's mask is the process's.
+    worker = next(t for t, m in bound.items() if m == [cpus[0]])
+    assert one[worker] == cpus, one
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a team has nowhere to spread")
+def test_a_team_is_left_where_the_user_placed_openmps_threads():
+    # OMP_PROC_BIND=false: the user asked for no binding, and gets none.
+    main, cpus, rounds = team_masks(OMP_PROC_BIND="false")
+    assert all(m == cpus for r in rounds for m in r.values()), rounds
 
 
 def test_a_thousand_launches_complete_in_order():

@@ -4,7 +4,12 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/StringUtil.h>
 
+#include <omp.h>
+#include <sched.h>
+
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -191,6 +196,100 @@ void free_kernel(void* block, size_t bytes) noexcept {
     }
   }
   ::operator delete(block);
+}
+
+namespace {
+
+// A worker's OpenMP team: the worker and its helper threads, which meet at
+// every barrier of a kernel (MKL's GEMMs that split their reduction dimension
+// spin until the partner's half is done). The simulated device runs them on
+// the host's cores beside the launching thread. Left to the scheduler, which
+// balances by load, two members of a team shared one core for seconds at a
+// time while the host thread had the other to itself: a team whose threads
+// sleep between kernels weighs no more than one busy host thread. Each
+// barrier then waited for a thread that was not running, and GPT-2's forward
+// took 1.0-1.3x CPU's time in those stretches against 0.9x otherwise
+// (docs/performance.md, "Stop 57"). So a team of two or more threads is bound
+// one thread to a CPU, like OMP_PROC_BIND=close; the launching thread stays
+// free, and the scheduler puts it beside the least busy member.
+//
+// Team k of the process starts at CPU k * threads of the allowed ones, so
+// small teams on a large machine do not pile onto its first CPUs. A team of
+// one is left free: nothing waits for it, and the ranks of a torchrun job
+// (OMP_NUM_THREADS=1) would all be bound to the same CPU. Where the user
+// placed OpenMP's threads (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY),
+// libgomp keeps them where it put them.
+
+// The CPUs the process may run on, read before the first team is bound.
+const std::vector<int>& allowed_cpus() {
+  static const std::vector<int> cpus = [] {
+    std::vector<int> out;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &set)) {
+          out.push_back(cpu);
+        }
+      }
+    }
+    return out;
+  }();
+  return cpus;
+}
+
+bool placed_by_user() {
+  static const bool placed = std::getenv("OMP_PROC_BIND") != nullptr || std::getenv("OMP_PLACES") != nullptr ||
+      std::getenv("GOMP_CPU_AFFINITY") != nullptr;
+  return placed;
+}
+
+// Binds the calling thread to `cpus` (to all of them: free again); a CPU that
+// left the process's set meanwhile makes it fail, and the thread stays as it was.
+void bind_self(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) {
+    CPU_SET(cpu, &set);
+  }
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+std::atomic<size_t> teams{0}; // teams bound so far: the next one's index
+thread_local size_t team_index = SIZE_MAX; // this worker's, once bound
+thread_local int team_size = 0; // the size this worker's team was placed for
+
+void place_team(int threads) {
+  const std::vector<int>& cpus = allowed_cpus();
+  if (cpus.size() < 2 || placed_by_user()) {
+    return;
+  }
+  if (threads < 2) {
+    bind_self(cpus);
+    return;
+  }
+  if (team_index == SIZE_MAX) {
+    team_index = teams.fetch_add(1);
+  }
+  const size_t first = team_index * static_cast<size_t>(threads);
+  // libgomp gives a master thread's later parallel regions (ATen's, MKL's)
+  // the same pool threads in the same order, so binding them once holds.
+#pragma omp parallel num_threads(threads)
+  bind_self({cpus[(first + omp_get_thread_num()) % cpus.size()]});
+}
+
+} // namespace
+
+void use_team(int threads) {
+  if (threads == team_size && at::get_num_threads() == threads) {
+    return;
+  }
+  if (at::get_num_threads() != threads) {
+    at::set_num_threads(threads);
+  }
+  if (threads != team_size) {
+    team_size = threads;
+    place_team(threads);
+  }
 }
 
 } // namespace detail

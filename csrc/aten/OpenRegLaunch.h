@@ -163,6 +163,11 @@ void free_kernel(void* block, size_t bytes) noexcept;
 // `message`, and where the kernel was launched if `site` is known.
 std::string with_launch_site(const char* message, const char* site);
 
+// Called by a stream's worker before each queued kernel: gives the worker's
+// OpenMP team the launching thread's size, `threads`, and binds its threads
+// one to a CPU (OpenRegLaunch.cpp says why).
+void use_team(int threads);
+
 // A kernel's body as the runtime runs it: below autograd (a kernel's own
 // tensor calls, a cast say, are not recorded); a failure as the runtime's,
 // without c10's C++ backtrace, saying where the kernel was launched.
@@ -195,9 +200,7 @@ struct QueuedKernel {
 
   static void run(void* self) {
     auto& kernel = *static_cast<QueuedKernel*>(self);
-    if (at::get_num_threads() != kernel.threads) {
-      at::set_num_threads(kernel.threads);
-    }
+    use_team(kernel.threads);
     const RunningKernel running;
     if (C10_UNLIKELY(kernel.profiled != nullptr)) {
       kernel.profiled->start_ns = orActivityGetTimestamp();
