@@ -751,7 +751,8 @@ PLACEMENT_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 
 
 def team_masks(**env):
-    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES}
+    # Queued kernels: with OPENREG_LAUNCH_BLOCKING=1 each runs in the launching thread, and no worker has a team.
+    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES} | {"OPENREG_LAUNCH_BLOCKING": "0"}
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(TEAM_MASKS)], capture_output=True, text=True,
                             timeout=120, env={**clean, **env})
     assert result.returncode == 0, result.stderr
