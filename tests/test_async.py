@@ -739,7 +739,7 @@ TEAM_MASKS = """
         return {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
     x = torch.randn(1 << 20, device="openreg")
     rounds = []
-    for threads in (2, 1):
+    for threads in (len(os.sched_getaffinity(0)), 1):
         torch.set_num_threads(threads)
         for _ in range(3):  # the first call of a new geometry runs at once, the others are queued
             (x + x).sum()
@@ -762,15 +762,14 @@ def team_masks(**env):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a team has nowhere to spread")
 def test_a_workers_team_is_bound_one_thread_to_a_cpu_and_the_launching_thread_left_free():
-    main, cpus, (two, one) = team_masks()
-    # torch.set_num_threads(2): the worker and its helper on the first two CPUs, one each.
-    bound = {t: m for t, m in two.items() if len(m) == 1}
-    assert sorted(m[0] for m in bound.values()) == cpus[:2], two
-    assert two[main] == cpus  # the launching thread and CPU's own threads stay free
-    assert all(m == cpus for t, m in two.items() if t not in bound)
-    # A team of one is free again: the worker's mask is the process's.
-    worker = next(t for t, m in bound.items() if m == [cpus[0]])
-    assert one[worker] == cpus, one
+    main, cpus, (full, one) = team_masks()
+    # A team as large as the CPUs: the worker and its helpers, one on each CPU.
+    bound = {t: m for t, m in full.items() if len(m) == 1}
+    assert sorted(m[0] for m in bound.values()) == cpus, full
+    assert full[main] == cpus  # the launching thread and CPU's own threads stay free
+    assert all(m == cpus for t, m in full.items() if t not in bound)
+    # A team of one: the worker is free again (its idle helpers keep their CPUs).
+    assert sum(one[t] == cpus for t in bound) == 1, one
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: a team has nowhere to spread")

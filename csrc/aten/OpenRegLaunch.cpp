@@ -6,6 +6,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -216,12 +217,15 @@ namespace {
 // which gave the host a core of its own, and is at 0.9x bound
 // (docs/performance.md, "Stop 57").
 //
-// Team k of the process starts at CPU k * threads of the allowed ones, so
-// small teams on a large machine do not pile onto its first CPUs. A team of
-// one is left free: nothing waits for it, and the ranks of a torchrun job
-// (OMP_NUM_THREADS=1) would all be bound to the same CPU. Where the user
-// placed OpenMP's threads (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY),
-// libgomp keeps them where it put them.
+// Only a team that fills the process's CPUs is bound: that is when the host
+// thread must share a core with one of its members. A smaller team is left
+// free, and the scheduler has a core to spare for the host (a team of one,
+// as in a torchrun job's ranks with OMP_NUM_THREADS=1, has nothing to wait
+// for). Team k starts at the allowed CPU k + the process id, so that the
+// workers of two streams, or of two processes (the ranks of a job on one
+// machine), do not all sit on the first CPU. Where the user placed OpenMP's
+// threads (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY), libgomp keeps them
+// where it put them.
 
 // The CPUs the process may run on, read before the first team is bound.
 const std::vector<int>& allowed_cpus() {
@@ -266,14 +270,14 @@ void place_team(int threads) {
   if (cpus.size() < 2 || placed_by_user()) {
     return;
   }
-  if (threads < 2) {
-    bind_self(cpus);
+  if (static_cast<size_t>(threads) < cpus.size()) {
+    bind_self(cpus); // free (again)
     return;
   }
   if (team_index == SIZE_MAX) {
     team_index = teams.fetch_add(1);
   }
-  const size_t first = team_index * static_cast<size_t>(threads);
+  const size_t first = team_index + static_cast<size_t>(getpid());
   // libgomp gives a master thread's later parallel regions (ATen's, MKL's)
   // the same pool threads in the same order, so binding them once holds.
 #pragma omp parallel num_threads(threads)
