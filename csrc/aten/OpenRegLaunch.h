@@ -164,8 +164,9 @@ void free_kernel(void* block, size_t bytes) noexcept;
 std::string with_launch_site(const char* message, const char* site);
 
 // Called by a stream's worker before each queued kernel: gives the worker's
-// OpenMP team the launching thread's size, `threads`, and binds its threads
-// one to a CPU (OpenRegLaunch.cpp says why).
+// OpenMP team the launching thread's size, `threads`, and, if the team fills
+// the process's CPUs, binds its threads one to a CPU (OpenRegLaunch.cpp says
+// why).
 void use_team(int threads);
 
 // A kernel's body as the runtime runs it: below autograd (a kernel's own
