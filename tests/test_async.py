@@ -680,13 +680,13 @@ def test_each_synchronising_call_reports_a_kernel_error(sync):
     sync()  # reported once
 
 
-def run_script(code: str, **env: str) -> subprocess.CompletedProcess:
+def run_script(code: str, unset: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **env},
+        env={**{k: v for k, v in os.environ.items() if k not in unset}, **env},
     )
 
 
@@ -752,9 +752,7 @@ PLACEMENT_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 
 def team_masks(**env):
     # Queued kernels: with OPENREG_LAUNCH_BLOCKING=1 each runs in the launching thread, and no worker has a team.
-    clean = {k: v for k, v in os.environ.items() if k not in PLACEMENT_VARIABLES} | {"OPENREG_LAUNCH_BLOCKING": "0"}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(TEAM_MASKS)], capture_output=True, text=True,
-                            timeout=120, env={**clean, **env})
+    result = run_script(TEAM_MASKS, unset=PLACEMENT_VARIABLES, **{"OPENREG_LAUNCH_BLOCKING": "0", **env})
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     return out["main"], out["cpus"], [{int(t): m for t, m in r.items()} for r in out["rounds"]]

@@ -286,9 +286,6 @@ void place_team(int threads) {
 } // namespace
 
 void use_team(int threads) {
-  if (threads == team_size && at::get_num_threads() == threads) {
-    return;
-  }
   if (at::get_num_threads() != threads) {
     at::set_num_threads(threads);
   }
