@@ -94,15 +94,18 @@ struct Placement {
   c10::SmallVector<int64_t, 5> strides;
   int64_t offset = 0;
   bool empty = false; // no memory yet (an at::empty({0}) out=)
+  // Its conj/neg bits: linalg_lu_solve(left=False) sets the conj bit of its
+  // complex out=, which a queued kernel could not give the caller's tensor.
+  int bits = 0;
 
   static Placement of(const at::Tensor& t) {
     return {t.storage().data(), c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
             c10::SmallVector<int64_t, 5>(t.strides().begin(), t.strides().end()), t.storage_offset(),
-            t.storage().nbytes() == 0};
+            t.storage().nbytes() == 0, t.is_conj() + 2 * t.is_neg()};
   }
   bool holds(const at::Tensor& t) const {
     return t.storage().data() == data && t.sizes().equals(sizes) && t.strides().equals(strides) &&
-        t.storage_offset() == offset;
+        t.storage_offset() == offset && t.is_conj() + 2 * t.is_neg() == bits;
   }
 };
 
@@ -781,7 +784,7 @@ class BoxedCpuKernelCall {
     auto out = std::make_shared<LearntReturns>();
     for (const auto& [k, before] : written_before) {
       const at::Tensor& t = operands[k];
-      if (before.empty && t.is_contiguous() && t.storage_offset() == 0) {
+      if (before.empty && t.is_contiguous() && t.storage_offset() == 0 && t.is_conj() + 2 * t.is_neg() == before.bits) {
         out->resized.emplace_back(k, t.sizes().vec()); // what resize_ makes of it
       } else if (!before.holds(t)) {
         return nullptr;

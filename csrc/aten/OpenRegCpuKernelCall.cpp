@@ -403,6 +403,9 @@ void CpuKernelCall::write_back(const Written& w) {
       device_impl->storage_offset() != alias_impl->storage_offset()) {
     device_impl->set_sizes_and_strides(alias_impl->sizes(), alias_impl->strides(), alias_impl->storage_offset());
   }
+  // A kernel may flip an out='s conj bit (linalg_lu_solve with left=False).
+  device_impl->_set_conj(alias_impl->is_conj());
+  device_impl->_set_neg(alias_impl->is_neg());
 }
 
 at::Tensor CpuKernelCall::result(const at::Tensor& t) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include "OpenRegBoxedCpuKernel.h"
 #include "OpenRegRoutes.h"
@@ -97,14 +98,71 @@ void run_on_cpu_aliases(
 
 } // namespace
 
+namespace {
+
+[[noreturn]] void refuse_quantized(const c10::OperatorName& name) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, c10::toString(name),
+      ": openreg has no quantized tensors (torch 2.13 deprecates them). Quantize and run quantized "
+      "operators on CPU tensors, or keep the tensor in a floating-point dtype on openreg.");
+}
+
+// Whether a dense call asks for a quantized dtype (quantize_per_tensor's
+// `dtype`): CPU's kernel would make a QuantizedCPU tensor, which no openreg
+// tensor can hold.
+bool asks_for_quantized(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t begin = stack.size() - arguments.size();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& v = stack[begin + i];
+    c10::TypePtr type = arguments[i].real_type();
+    if (type->kind() == c10::TypeKind::OptionalType) {
+      type = type->castRaw<c10::OptionalType>()->getElementType();
+    }
+    if (type->kind() == c10::TypeKind::ScalarTypeType && v.isInt() &&
+        c10::isQIntType(static_cast<c10::ScalarType>(v.toInt()))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool returns_quantized(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  for (const c10::IValue& v : torch::jit::last(stack, op.schema().returns().size())) {
+    if (v.isTensor() && v.toTensor().defined() && c10::isQIntType(v.toTensor().scalar_type())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Every operator on a quantized openreg tensor (QuantizedPrivateUse1), which
+// only a quantized CPU tensor's .to("openreg") could ask for.
+void quantized_fallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  refuse_quantized(op.operator_name());
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_fallback>());
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::OperatorName& name = op.operator_name();
   const trace::Scope scope(name, Route::Fallback);
+  if (C10_UNLIKELY(asks_for_quantized(op, *stack))) {
+    refuse_quantized(name);
+  }
   run_on_cpu_aliases(
       op, stack, c10::DispatchKey::CPU,
       " has no openreg kernel, and OPENREG_FALLBACK=error forbids running it on the CPU fallback. "
       "Give it a kernel in backend_functions.yaml (kernels:, structured: or cpu_kernels:; see "
       "docs/adding_an_op.md), or allow the fallback with torch.openreg.set_fallback_mode(\"silent\").");
+  if (C10_UNLIKELY(returns_quantized(op, *stack))) {
+    torch::jit::drop(*stack, op.schema().returns().size());
+    refuse_quantized(name);
+  }
 }
 
 void nested_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -1,5 +1,6 @@
 #include "aten/OpenRegLaunch.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/StringUtil.h>
@@ -91,6 +92,10 @@ int detail::read_launch_switches() {
       (orQueueAllKernels() ? kQueueAllKernels : 0);
   launch_switches.store(read, std::memory_order_relaxed); // racing threads store the same value
   return read;
+}
+
+bool deterministic_algorithms() {
+  return at::globalContext().deterministicAlgorithms();
 }
 
 std::string detail::with_launch_site(const char* message, const char* site) {

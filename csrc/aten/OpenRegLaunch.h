@@ -281,6 +281,12 @@ inline bool queue_all_kernels() {
   return (detail::switches() & detail::kQueueAllKernels) != 0;
 }
 
+// torch.use_deterministic_algorithms(True): CPU kernels read the flag as they
+// run (index_copy's loop runs serially under it), and a queued kernel may run
+// after the caller has turned it off again, so while it is on every kernel
+// runs at once, in stream order.
+bool deterministic_algorithms();
+
 // `name` failed with `message` in the calling thread, in stream order: the
 // failure becomes the current stream's, reported like a queued kernel's.
 void record_kernel_failure(c10::DeviceIndex device, const char* name, const char* message);
@@ -326,7 +332,7 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
     return;
   }
   const bool capturing = current_stream_capturing(device);
-  if (launch_blocking() && !capturing) {
+  if ((launch_blocking() || deterministic_algorithms()) && !capturing) {
     // OPENREG_LAUNCH_BLOCKING=1: an error is raised by this call.
     run_kernel_inline(device, make());
     return;

@@ -248,6 +248,11 @@ __all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all
 
 diagnostics._apply_environment()
 
+# torch.openreg.FloatStorage and its kind, which Tensor.storage_type() returns.
+from torch_openreg.openreg._storage import legacy_storage_classes  # noqa: E402
+
+globals().update(legacy_storage_classes(__name__))
+
 # torch.multiprocessing shares openreg tensors as CUDA IPC shares CUDA ones (ipc.py).
 from torch_openreg.openreg import ipc  # noqa: E402
 from torch_openreg.openreg.ipc import ipc_collect  # noqa: E402,F401

@@ -4,6 +4,7 @@
 // can (see can_copy_async); every other copy is synchronous.
 #include <optional>
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
@@ -165,6 +166,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   at::assert_no_internal_overlap(dst);
   at::assert_no_partial_overlap(dst, self);
+  // The shape check of CPU's copy_ (its TensorIterator's), made here rather
+  // than in the kernel, which may run after this call returned: an argument
+  // error raises at the call, as on CUDA (docs/runtime.md, "When errors raise").
+  const at::DimVector shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
+  TORCH_CHECK(
+      dst.sizes().equals(shape), "output with shape ", dst.sizes(), " doesn't match the broadcast shape ", shape);
   copy_tensor_format(self, dst);
   if (dst.numel() == 0) {
     return dst;

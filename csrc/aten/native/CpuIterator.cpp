@@ -226,6 +226,17 @@ uint64_t dtype_key(const at::TensorIteratorBase& iter) {
   return key;
 }
 
+bool scalar_fits(const c10::Scalar& value, at::ScalarType dtype) {
+  try {
+    AT_DISPATCH_V2(
+        dtype, "scalar_fits", AT_WRAP([&] { (void)value.to<scalar_t>(); }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX),
+        at::kHalf, at::kBFloat16, at::kBool);
+  } catch (const c10::Error&) {
+    return false; // or a dtype CPU's kernels may not take: a new kind either way
+  }
+  return true;
+}
+
 const char* stub_name_from(const char* pretty_function) {
   std::string text(pretty_function);
   const size_t at = text.find("stub = ");

@@ -163,6 +163,29 @@ struct CpuKernelOf;
 // The operand dtypes of `iter`, packed (what a CPU kernel dispatches on).
 uint64_t dtype_key(const at::TensorIteratorBase& iter);
 
+// Whether CPU's kernel converts `value` to `dtype` without its "value cannot
+// be converted to type ... without overflow" error (masked_fill's value).
+bool scalar_fits(const c10::Scalar& value, at::ScalarType dtype);
+
+// Bits of a stub's key for its Scalar arguments that do not fit the output's
+// dtype: a kernel converts them as it runs, so a call whose value does not fit
+// is a new kind, first run in the calling thread, where CPU's error raises.
+template <typename... Args>
+uint64_t scalar_misfits(const at::TensorIteratorBase& iter, const Args&... args) {
+  uint64_t bits = 0;
+  int next = 0;
+  auto add = [&](const auto& arg) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, c10::Scalar>) {
+      if (next < 3 && iter.ntensors() > 0 && !scalar_fits(arg, iter.dtype(0))) {
+        bits |= uint64_t{1} << (5 + next); // above dtype_key's operand count
+      }
+      ++next;
+    }
+  };
+  (add(args), ...);
+  return bits;
+}
+
 template <typename Body>
 struct IteratorKernel {
   KernelIterator copy;
@@ -179,9 +202,9 @@ struct IteratorKernel {
 // dtypes in `seen` (one per kernel) runs in the calling thread
 // (run_kernel_inline), and so does every launch when OPENREG_LAUNCH_BLOCKING=1.
 template <typename Iter, typename Body>
-void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body) {
+void launch_iterator_kernel(Iter& iter, SeenDtypes& seen, const char* name, Body&& body, uint64_t more_key = 0) {
   auto here = [&] { body(iter); };
-  detail::run_or_launch(iter.device().index(), name, iter.numel(), seen, dtype_key(iter), here, [&] {
+  detail::run_or_launch(iter.device().index(), name, iter.numel(), seen, dtype_key(iter) ^ more_key, here, [&] {
     return IteratorKernel<std::decay_t<Body>>{KernelIterator(iter), body};
   });
 }
@@ -192,7 +215,8 @@ struct CpuKernelOf<stub, void (*)(Iter&, Args...)> {
     static SeenDtypes seen;
     launch_iterator_kernel(
         iter, seen, stub_name<stub>(),
-        [... values = kernel_argument(args)](auto& it) mutable { run_cpu_stub(*stub, it, values...); });
+        [... values = kernel_argument(args)](auto& it) mutable { run_cpu_stub(*stub, it, values...); },
+        scalar_misfits(iter, args...));
   }
 };
 

@@ -148,10 +148,13 @@ void where_kernel(at::TensorIterator& iter) {
 
 void masked_fill_kernel(at::TensorIterator& iter, const at::Scalar& value) {
   static SeenDtypes seen;
-  launch_iterator_kernel(iter, seen, "at::native::masked_fill_stub", [value](at::TensorIterator& it) {
-    use_kernel_addresses(it);
-    at::native::masked_fill_stub(c10::DeviceType::CPU, it, value);
-  });
+  launch_iterator_kernel(
+      iter, seen, "at::native::masked_fill_stub",
+      [value](at::TensorIterator& it) {
+        use_kernel_addresses(it);
+        at::native::masked_fill_stub(c10::DeviceType::CPU, it, value);
+      },
+      scalar_misfits(iter, value));
 }
 
 // glu's meta() (at::meta::structured_glu) builds its iterator over the two

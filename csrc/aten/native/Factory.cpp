@@ -1,11 +1,14 @@
-// Allocation kernels: empty.memory_format, empty_strided, new_empty.
+// Allocation kernels: empty.memory_format, empty_strided, new_empty,
+// _efficientzerotensor.
 // The generated wrapper has already set the device guard from `device`, so the
 // allocator allocates on the requested openreg device.
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/new_empty_native.h>
 
 #include "OpenRegNativeFunctions.h"
 #include "aten/OpenRegAllocator.h"
+#include "aten/OpenRegDevice.h"
 #include "aten/OpenRegTensorFormat.h"
 
 namespace openreg::native {
@@ -33,6 +36,22 @@ at::Tensor empty_memory_format(
   check_factory_options(layout, pin_memory);
   return at::detail::empty_generic(
       size, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype), memory_format);
+}
+
+// A tensor that reads as zeros and owns no memory (autograd's zero gradients:
+// sgn's backward), as CUDA's _efficientzerotensor_cuda makes it: torch's
+// ZeroTensor fallback materialises it where an operator needs its elements.
+at::Tensor efficientzerotensor(
+    at::IntArrayRef size,
+    std::optional<at::ScalarType> dtype,
+    std::optional<at::Layout> layout,
+    std::optional<at::Device> /*device*/,
+    std::optional<bool> pin_memory) {
+  check_factory_options(layout, pin_memory);
+  at::native::ZeroTensorAllocator allocator(c10::Device(c10::DeviceType::PrivateUse1, current_device()));
+  return at::detail::empty_generic(
+      size, &allocator, kOpenRegKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+      c10::dtype_or_default(dtype), std::nullopt);
 }
 
 at::Tensor empty_strided(

@@ -24,6 +24,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/index_select_cpu_dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/accumulate.h>
 
 #include "OpenRegNativeFunctions.h"
@@ -179,7 +180,7 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   const bool launchable = self.dim() > 0 && index.dim() <= 1 &&
       (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt) && out.scalar_type() == self.scalar_type() &&
       index.device() == self.device() && out.device() == self.device() && !out.storage().is_alias_of(self.storage()) &&
-      !out.storage().is_alias_of(index.storage());
+      !out.storage().is_alias_of(index.storage()) && at::has_internal_overlap(out) != at::MemOverlap::Yes;
   if (!launchable) {
     return index_select_at_once(self, dim, index, out); // CPU's kernel: its error, or a scalar
   }
