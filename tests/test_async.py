@@ -861,3 +861,21 @@ def test_dropping_tensors_a_queued_kernel_uses_frees_their_memory_at_once():
     assert torch.openreg.memory_allocated() == before - (4 << 20)
     z = torch.full((1 << 20,), 3.0, device=DEVICE)  # reuses a block, after the multiplication
     assert torch.equal(z.cpu(), torch.full((1 << 20,), 3.0))
+
+
+def test_under_deterministic_algorithms_kernels_run_at_once_so_they_see_the_flag():
+    # CPU's index_copy loops serially under the flag, so the last of duplicate
+    # indices wins, as on CPU; a kernel queued behind busy work and run after
+    # the guard restored the flag would loop in parallel.
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    x = torch.zeros(5, 2000, 3, device=DEVICE)
+    index = torch.randint(2000, (40000,), device=DEVICE)
+    src = torch.rand(5, 40000, 3, device=DEVICE)
+    with DeterministicGuard(True):
+        expected = torch.index_copy(x.cpu(), 1, index.cpu(), src.cpu())
+    for _ in range(2):
+        busy(30)
+        with DeterministicGuard(True):
+            y = torch.index_copy(x, 1, index, src)
+        assert torch.equal(y.cpu(), expected)

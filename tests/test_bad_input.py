@@ -4,6 +4,7 @@ mistakes, and a message saying what was wrong), and afterwards both devices
 still compute correctly and hold exactly the device memory they held before."""
 
 import gc
+import warnings
 
 import pytest
 import torch
@@ -363,3 +364,30 @@ def test_names_argument_is_refused_as_on_cpu(recovers, factory):
     assert str(on_openreg.value) == str(on_cpu.value)
     assert "names" in str(on_cpu.value)
     assert not hasattr(torch.Tensor, "refine_names") and not hasattr(torch.Tensor, "names")
+
+
+# -- quantized tensors --------------------------------------------------------------------------
+
+QUANTIZED = r"aten::\w+: openreg has no quantized tensors \(torch 2\.13 deprecates them\)"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: torch.quantize_per_tensor(torch.randn(3, device=DEV), 0.1, 0, torch.qint8), id="quantize"),
+        pytest.param(
+            lambda: torch.quantize_per_channel(
+                torch.randn(2, 3, device=DEV), torch.ones(2, device=DEV), torch.zeros(2, dtype=torch.long, device=DEV),
+                0, torch.quint8,
+            ),
+            id="per_channel",
+        ),
+        pytest.param(lambda: torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8).to(DEV), id="to_device"),
+    ],
+)
+def test_quantized_tensors_are_refused_at_the_first_call(recovers, make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation of quantized tensors
+        with pytest.raises(NotImplementedError, match=QUANTIZED) as raised:
+            make()
+    assert len(str(raised.value).splitlines()) == 1  # one sentence, not the dispatcher's table

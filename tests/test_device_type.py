@@ -33,6 +33,17 @@ class TestDeviceGeneric(TestCase):
         self.assertEqual(torch.zeros(2, 3, device=device, dtype=dtype), torch.zeros(2, 3, dtype=dtype), exact_device=False)
         self.assertEqual(torch.full((4,), 1, device=device, dtype=dtype), torch.full((4,), 1, dtype=dtype), exact_device=False)
 
+    def test_efficient_zero_tensor_reads_as_zeros_and_owns_no_memory(self, device):
+        before = torch.openreg.memory_allocated(device)
+        z = torch._efficientzerotensor(3, 4, device=device)
+        self.assertEqual((z.device.type, z.shape, z._is_zerotensor()), (self.device_type, torch.Size([3, 4]), True))
+        self.assertEqual(torch.openreg.memory_allocated(device), before)
+        self.assertEqual((z + torch.ones(3, 4, device=device)).cpu(), torch.ones(3, 4))
+        # sgn's backward hands autograd a zero tensor for real inputs.
+        x = torch.randn(5, device=device, requires_grad=True)
+        torch.sgn(x).sum().backward()
+        self.assertEqual(x.grad.cpu(), torch.zeros(5))
+
     @dtypes(*ALL_DTYPES)
     def test_copy_round_trip_keeps_values_and_strides(self, device, dtype):
         cpu = make_tensor((4, 5), dtype=dtype, device="cpu", noncontiguous=True)

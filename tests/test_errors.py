@@ -31,6 +31,25 @@ def test_openreg_with_cpu_tensor_is_rejected_where_cuda_rejects_it():
         torch.where(a > 0, a, torch.zeros(3))
 
 
+def test_an_out_tensor_on_the_cpu_is_rejected_and_left_alone():
+    m, a, b = torch.randn(2, 3, device=DEV), torch.randn(2, device=DEV), torch.randn(3, device=DEV)
+    out = torch.zeros(2, 3)
+    for call in (lambda: torch.add(m, m, out=out), lambda: torch.addr(m, a, b, out=out)):
+        with pytest.raises(RuntimeError, match=r"same device.*openreg:0 and cpu"):
+            call()
+    assert torch.equal(out, torch.zeros(2, 3))
+
+
+def test_a_boolean_beta_or_alpha_is_refused_for_non_boolean_tensors_as_on_cpu():
+    m, a, b = torch.randn(2, 3, device=DEV), torch.randn(2, device=DEV), torch.randn(3, device=DEV)
+    for kwargs in ({"beta": True}, {"alpha": False}):
+        with pytest.raises(RuntimeError, match="Boolean (beta|alpha) only supported for Boolean results"):
+            torch.addr(m, a, b, **kwargs)
+    flags = torch.zeros(2, 3, dtype=torch.bool, device=DEV)
+    x, y = torch.tensor([True, False], device=DEV), torch.tensor([True, True, False], device=DEV)
+    assert torch.equal(torch.addr(flags, x, y, beta=True).cpu(), torch.addr(flags.cpu(), x.cpu(), y.cpu(), beta=True))
+
+
 def test_zero_dim_cpu_tensor_is_accepted_like_a_scalar():
     a = torch.ones(3, device=DEV)
     assert (a * torch.tensor(2.0)).cpu().tolist() == [2.0, 2.0, 2.0]

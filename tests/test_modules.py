@@ -28,7 +28,12 @@ passed twice stay one tensor). Each sample runs these ways:
   built from another seed, and that module's state loaded back into another
   device module, gives the same tensors, each on its module's device;
 - ``error``: ``module_error_inputs_func``'s samples (arguments the module
-  rejects) raise CPU's exception type on openreg too.
+  rejects) raise CPU's exception type on openreg too;
+- ``channels_last``: ``train`` with the 4-d (5-d) input tensors and parameters
+  in ``torch.channels_last`` (``channels_last_3d``), as torch's
+  ``TestModule.test_memory_format``, for samples that have such inputs;
+- ``noncontiguous``: ``train`` with every input tensor of more than one
+  element non-contiguous (``noncontiguous_like``).
 
 Results are compared with ``TestCase.assertEqual`` (per-dtype tolerances,
 loosened where the ModuleInfo has a float32 ``toleranceOverride`` for CPU in
@@ -61,7 +66,7 @@ from torch.testing._internal.common_modules import (
     module_db,
     modules,
 )
-from torch.testing._internal.common_utils import TestCase
+from torch.testing._internal.common_utils import TestCase, noncontiguous_like
 from torch.utils._pytree import tree_flatten, tree_map
 
 import conformance
@@ -70,7 +75,7 @@ import opinfo_report
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED_FAILURES_FILE = os.path.join(HERE, "modules_expected_failures.yaml")
 SEED = 1234
-KINDS = ("eval", "train", "to", "state_dict", "error")
+KINDS = ("eval", "train", "to", "state_dict", "error", "channels_last", "noncontiguous")
 
 
 class TiedEmbeddingClassifier(torch.nn.Module):
@@ -163,15 +168,44 @@ def state(module):
     return {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
 
 
-def prepared(module_info, sample, device, training, reference=None):
+def memory_format(t):
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+
+
+def in_memory_format(t):
+    """A 4-d (5-d) tensor in channels_last (channels_last_3d), a leaf as `t` was."""
+    if not isinstance(t, torch.Tensor) or memory_format(t) is None:
+        return t
+    return t.detach().contiguous(memory_format=memory_format(t)).requires_grad_(t.requires_grad)
+
+
+def noncontiguous(t):
+    if not isinstance(t, torch.Tensor) or t.numel() <= 1 or t.layout != torch.strided:
+        return t
+    return noncontiguous_like(t.detach()).requires_grad_(t.requires_grad)
+
+
+def has_memory_format_input(sample) -> bool:
+    leaves = tree_flatten((sample.forward_input.args, sample.forward_input.kwargs))[0]
+    return any(isinstance(t, torch.Tensor) and memory_format(t) is not None for t in leaves)
+
+
+def prepared(module_info, sample, device, training, reference=None, layout=None):
     """(module, args, kwargs) on `device`: the module constructed on the CPU and
     moved, lazy parameters initialised by a first forward, then the values of
-    `reference` (the CPU module) copied in."""
+    `reference` (the CPU module) copied in. `layout` ("channels_last" or
+    "noncontiguous") transforms the inputs (and, for channels_last, the 4-d
+    and 5-d parameters) on both devices alike."""
     module = construct(module_info, sample)
     if device != "cpu":
         module.to(device)
+    if layout == "channels_last":
+        for fmt in (torch.channels_last, torch.channels_last_3d):
+            module.to(memory_format=fmt)  # applies to parameters of its rank only
     module.train(training)
     args, kwargs = fresh_inputs(sample.forward_input, device)
+    if layout is not None:
+        args, kwargs = tree_map(in_memory_format if layout == "channels_last" else noncontiguous, (args, kwargs))
     if module_info.is_lazy:
         with torch.no_grad():
             module(*args, **kwargs)
@@ -220,13 +254,13 @@ def forward_backward(module, args, kwargs):
 class TestModuleInfoOnDevice(conformance.CpuOracle, TestCase):
     """The ModuleInfo samples on the device, compared with CPU."""
 
-    def run_forward(self, module_info, sample, training) -> str | None:
+    def run_forward(self, module_info, sample, training, layout=None) -> str | None:
         step = forward_backward if training else forward
         # Both modules are prepared before either runs: the device module
         # copies the CPU module's buffers, which a training step updates.
-        built, expected_error = outcome(prepared, module_info, sample, "cpu", training)
+        built, expected_error = outcome(prepared, module_info, sample, "cpu", training, None, layout)
         reference = built[0] if built is not None else None
-        moved, actual_error = outcome(prepared, module_info, sample, self.device_type, training, reference)
+        moved, actual_error = outcome(prepared, module_info, sample, self.device_type, training, reference, layout)
         expected = actual = None
         if built is not None:
             expected, expected_error = outcome(step, *built)
@@ -327,6 +361,9 @@ class TestModuleInfoOnDevice(conformance.CpuOracle, TestCase):
             run("train", index, self.run_forward(module_info, sample, training=True))
             run("to", index, self.run_to(module_info, sample))
             run("state_dict", index, self.run_state_dict(module_info, sample))
+            if has_memory_format_input(sample):
+                run("channels_last", index, self.run_forward(module_info, sample, True, "channels_last"))
+            run("noncontiguous", index, self.run_forward(module_info, sample, True, "noncontiguous"))
         if module_info.module_error_inputs_func is not None:
             reseed()
             error_inputs = module_info.module_error_inputs_func(

@@ -334,3 +334,16 @@ def test_optimizer_state_loads_onto_cpu_with_map_location(tmp_path):
     assert buffers and all(b.device.type == "cpu" for b in buffers)
     expected = [optimizer.state[p]["momentum_buffer"].cpu() for p in model.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(buffers, expected))
+
+
+def test_storage_type_is_the_devices_legacy_storage_class_as_on_cuda():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "TypedStorage is deprecated"
+        for dtype, name in [(torch.float32, "FloatStorage"), (torch.int64, "LongStorage"), (torch.bool, "BoolStorage")]:
+            storage_type = torch.zeros(2, dtype=dtype, device="openreg").storage_type()
+            assert storage_type is getattr(torch.openreg, name)
+            assert storage_type.dtype == dtype
+            assert isinstance(torch.zeros(2, dtype=dtype, device="openreg").storage(), storage_type)
+            assert not isinstance(torch.zeros(2, dtype=dtype).storage(), storage_type)
+        made = torch.openreg.FloatStorage(3)
+        assert made.device.type == "openreg" and made.dtype == torch.float32 and made.size() == 3
