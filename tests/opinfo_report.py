@@ -1,5 +1,5 @@
-"""Figures of the conformance runs against CPU, OpInfo (tests/test_opinfo.py)
-and ModuleInfo (tests/test_modules.py), printed by conftest.py at the end of
+"""Figures of the conformance runs against CPU, OpInfo (tests/test_opinfo.py,
+tests/test_opinfo_beyond_samples.py) and ModuleInfo (tests/test_modules.py), printed by conftest.py at the end of
 the pytest output and written as JSON to the files named by
 OPENREG_OPINFO_REPORT and OPENREG_MODULEINFO_REPORT, if set."""
 
@@ -11,6 +11,7 @@ import os
 
 _ops: dict[str, dict] = {}
 _modules: dict[str, dict] = {}
+_beyond: dict[str, dict] = {}
 
 
 def record(name: str, **figures) -> None:
@@ -25,19 +26,26 @@ def record_module(name: str, **figures) -> None:
     _modules[name] = figures
 
 
+def record_beyond(name: str, **figures) -> None:
+    """One OpInfo's figures beyond its samples: samples ({kind: runs}), failed
+    ({kind: failures}), all of them listed as expected failures."""
+    _beyond[name] = figures
+
+
 def state() -> dict:
     """What this process recorded, for the process that prints the summary
     (with pytest-xdist, each worker records its share; conftest.py sends it)."""
-    return {"ops": _ops, "modules": _modules}
+    return {"ops": _ops, "modules": _modules, "beyond": _beyond}
 
 
 def merge(recorded: dict) -> None:
     _ops.update(recorded["ops"])
     _modules.update(recorded["modules"])
+    _beyond.update(recorded["beyond"])
 
 
 def summary_lines() -> list[str]:
-    return _opinfo_lines() + _moduleinfo_lines()
+    return _opinfo_lines() + _beyond_lines() + _moduleinfo_lines()
 
 
 def _reason_lines(figures: dict[str, dict]) -> list[str]:
@@ -73,15 +81,31 @@ def _opinfo_lines() -> list[str]:
     return lines
 
 
+def _by_kind(figures: dict[str, dict]) -> tuple[collections.Counter, collections.Counter]:
+    runs, failed = collections.Counter(), collections.Counter()
+    for f in figures.values():
+        runs.update(f["samples"])
+        failed.update(f["failed"])
+    return runs, failed
+
+
+def _beyond_lines() -> list[str]:
+    if not _beyond:
+        return []
+    runs, failed = _by_kind(_beyond)
+    total, differ = sum(runs.values()), sum(failed.values())
+    return [
+        f"OpInfo beyond samples on openreg: {len(_beyond)} operators, {total} runs, {total - differ} match CPU "
+        f"({100.0 * (total - differ) / max(total, 1):.2f}%), {differ} listed as expected failures",
+        "  " + ", ".join(f"{kind} {runs[kind] - failed[kind]}/{runs[kind]}" for kind in sorted(runs)),
+    ]
+
+
 def _moduleinfo_lines() -> list[str]:
     if not _modules:
         return []
     ran = _modules
-    by_kind = collections.Counter()
-    failed_by_kind = collections.Counter()
-    for f in ran.values():
-        by_kind.update(f["samples"])
-        failed_by_kind.update(f["failed"])
+    by_kind, failed_by_kind = _by_kind(ran)
     samples, failed = sum(by_kind.values()), sum(failed_by_kind.values())
     seconds = sum(f["seconds"] for f in ran.values())
     differing = sum(bool(sum(f["failed"].values())) for f in ran.values())

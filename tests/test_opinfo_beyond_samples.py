@@ -25,6 +25,7 @@ kinds, by the same rule as test_opinfo.py's: the list only shrinks.
 
 from __future__ import annotations
 
+import collections
 import re
 import warnings
 
@@ -34,6 +35,7 @@ from torch.testing._internal.common_utils import DeterministicGuard, TestCase
 from torch.utils._pytree import tree_flatten, tree_map
 
 import conformance
+import opinfo_report
 from test_opinfo import BEYOND_SAMPLES_KINDS as KINDS
 from test_opinfo import (
     EXPECTED_FAILURES, EXPECTED_FAILURES_FILE, NOT_COMPARABLE, OPS, call, cpu_sample, out_arguments,
@@ -183,6 +185,9 @@ class TestOpInfoBeyondSamples(conformance.CpuOracle, TestCase):
         self.assertIsNone(pending_error(device))
 
         expected = expected_for(name)
+        opinfo_report.record_beyond(
+            name, samples=runs, failed=collections.Counter(s.split("/")[0] for s in failures)
+        )
         new = {s: p for s, p in failures.items() if listed(s, expected) is None}
         fixed = sorted(p for p in expected if not any(listed(s, {p: ""}) for s in failures))
         message = []
