@@ -98,11 +98,13 @@ def test_a_small_kernel_on_an_idle_stream_runs_at_once_and_a_large_or_busy_one_i
     assert torch.equal(w.cpu(), torch.full((16,), 3.0))
 
 
-def launch_failing_kernel(fn):
-    """Launches fn, whose kernel fails. The error is the stream's, reported at
-    the next synchronising call; with OPENREG_LAUNCH_BLOCKING=1 it raises here,
-    as CPU's kernel raises it, and there is nothing left to report (False)."""
-    if BLOCKING:
+def launch_failing_kernel(fn, at_once=False):
+    """Launches fn, whose kernel fails. A kernel run in the calling thread (a
+    small one on an idle stream, `at_once`; every kernel with
+    OPENREG_LAUNCH_BLOCKING=1) raises CPU's error here, and there is nothing
+    left to report (False); a queued kernel's error is the stream's, reported
+    at the next synchronising call (True)."""
+    if at_once or BLOCKING:
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             fn()
         return False
@@ -110,12 +112,13 @@ def launch_failing_kernel(fn):
     return True
 
 
-def test_a_small_kernel_run_at_once_reports_its_error_at_the_next_synchronising_call():
+def test_a_small_kernel_run_at_once_raises_its_error_at_the_call():
     a = torch.tensor([5, 6], device=DEVICE)
     zero = torch.zeros_like(a)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    torch.openreg.synchronize()
     count = queued()
-    deferred = launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor"))
+    deferred = launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor"), at_once=SMALL_RUNS_AT_ONCE)
     assert queued() == count + (0 if SMALL_RUNS_AT_ONCE else 1)
     if deferred:
         with pytest.raises(torch.AcceleratorError, match="div_floor_stub: ZeroDivisionError"):
@@ -394,16 +397,20 @@ def torchs_python_code(request):
 
 @pytest.mark.parametrize("behind_queued_work", [False, True], ids=["run_at_once", "queued"])
 def test_a_kernel_error_names_the_line_that_launched_it(behind_queued_work, torchs_python_code):
-    # A small kernel on an idle stream runs at once and a kernel behind queued
-    # work is queued; either way its failure, reported later, names the line,
-    # also when torch's Python code is between the line and the launch.
+    # A small kernel on an idle stream runs at once and raises at the call; a
+    # kernel behind queued work is queued, and its failure, reported later,
+    # names the line, also when torch's Python code is between the line and
+    # the launch.
     a = torch.tensor([5, 6], device=DEVICE)
     zero = torch.zeros_like(a)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
     if behind_queued_work:
         busy(50)
+    else:
+        torch.openreg.synchronize()
+    at_once = SMALL_RUNS_AT_ONCE and not behind_queued_work
     line = inspect.currentframe().f_lineno + 1
-    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
+    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor"), at_once):
         with pytest.raises(torch.AcceleratorError) as raised:
             torch.openreg.synchronize()
         assert f"the kernel was launched from {__file__}:{line} in " in str(raised.value)
@@ -650,6 +657,7 @@ def test_a_kernel_error_surfaces_at_the_next_synchronising_call_and_the_device_s
     a = torch.tensor([5, 6], device=DEVICE)
     zero = torch.zeros(2, dtype=torch.long, device=DEVICE)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
+    busy(50)
     # CPU's kernel raises ZeroDivisionError, on the worker.
     out = []
     if launch_failing_kernel(lambda: out.append(torch.div(a, zero, rounding_mode="floor"))):
@@ -673,7 +681,9 @@ def test_a_kernel_error_surfaces_at_the_next_synchronising_call_and_the_device_s
 def test_each_synchronising_call_reports_a_kernel_error(sync):
     a = torch.tensor([1], device=DEVICE)
     launched_before(lambda: torch.div(a, a, rounding_mode="floor"))
-    if launch_failing_kernel(lambda: torch.div(a, torch.zeros_like(a), rounding_mode="floor")):
+    zero = torch.zeros_like(a)
+    busy(50)
+    if launch_failing_kernel(lambda: torch.div(a, zero, rounding_mode="floor")):
         time.sleep(0.2)  # the kernel has run: query() reports rather than "not ready"
         with pytest.raises(torch.AcceleratorError, match="ZeroDivisionError"):
             sync()

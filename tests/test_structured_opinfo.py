@@ -50,7 +50,17 @@ def test_every_structured_group_has_opinfo_samples_or_a_table_test():
 
 
 def to_device(x):
-    return tree_map(lambda v: v.to(DEV) if isinstance(v, torch.Tensor) else v, x)
+    """`x`'s tensors on the device with their strides: .to() would make a
+    non-contiguous sample contiguous there, and CPU kernels that refuse
+    non-contiguous input (native_group_norm) would see another tensor."""
+
+    def one(v):
+        if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.is_conj() or v.is_neg():
+            return v.to(DEV) if isinstance(v, torch.Tensor) else v
+        moved = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=DEV).copy_(v)
+        return moved.requires_grad_(v.requires_grad) if v.is_leaf else moved
+
+    return tree_map(one, x)
 
 
 def to_cpu(x):

@@ -60,12 +60,18 @@ def _note(a: Argument) -> str | None:
     return f'  call.note({value}, "{a.name}"{written});'
 
 
-def _host_expr(a: Argument) -> str:
+def _host_expr(a: Argument, written: list[Argument]) -> str:
     kind = _kind(a.type)
     if not kind:
         return a.name
     if kind == "tensor" and a.is_write:
         return f"{a.name}_alias"  # a local: the CPU function takes a Tensor&
+    if kind == "tensor" and len(written) == 1 and str(a.type) == "Tensor":
+        # An input that is the out= tensor reaches the CPU function as the very
+        # object of the out= alias: CPU kernels compare them by address
+        # (addr_out's `&result == &self`, which addr_ relies on).
+        out = written[0].name
+        return f"({a.name}.is_same({out}) ? {out}_alias : call.alias({a.name}))"
     if kind == "generator":
         return f"call.generator({a.name})" if isinstance(a.type, OptionalType) else f"*call.generator({a.name})"
     if kind == "device":
@@ -134,9 +140,10 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
         sig = DispatcherSignature.from_schema(f.func)
         arguments = [b.argument for b in sig.arguments()]
         notes = [n for n in (_note(a) for a in arguments if isinstance(a, Argument)) if n is not None]
-        written = [f"  at::Tensor {a.name}_alias = call.written({a.name});" for a in arguments if _kind(a.type) == "tensor" and a.is_write]
+        outs = [a for a in arguments if isinstance(a, Argument) and _kind(a.type) == "tensor" and a.is_write]
+        written = [f"  at::Tensor {a.name}_alias = call.written({a.name});" for a in outs]
         namespace, cpu_sig = cpu_function(f)
-        host = [Expr(_host_expr(b.argument), b.nctype) for b in sig.arguments() if isinstance(b.argument, Argument)]
+        host = [Expr(_host_expr(b.argument, outs), b.nctype) for b in sig.arguments() if isinstance(b.argument, Argument)]
         exprs = ", ".join(e.expr for e in translate(host, cpu_sig.arguments(), method=False))
         keep, ret = _returns(entry)
         accepts = "true" if entry.accepts_cpu_tensors else "false"

@@ -145,7 +145,10 @@ def cpu_impl_launch(
     tensors: list[str] = []
     captures: list[str] = []
     args: list[str] = []
+    strings: list[str] = []
     for a, expr in zip(impl_args, impl_exprs):
+        if "string_view" in a.nctype.type.cpp_type():
+            strings.append(expr)
         if a.nctype.type == ConstRefCType(BaseCType(tensorT)):
             args.append(f"t[{len(tensors)}]")
             # An in-place wrapper's output is a reference_wrapper.
@@ -157,12 +160,15 @@ def cpu_impl_launch(
             args.append(f"a{len(captures) - 1}")
     # An impl that also runs the iterator meta() built (gelu's ATen kernel)
     # finds it on kernel addresses.
+    # impl() checks a string argument as it runs (gelu's `approximate`): each
+    # value's first launch runs in the calling thread, where its error raises.
+    key = f", ::openreg::native::strings_key({{{', '.join(strings)}}})" if strings else ""
     return [
         f"::{namespace}::{cpp.STRUCTURED_PREPARE}(op);",
         "static ::openreg::SeenDtypes seen;",
         f"::{namespace}::launch_structured_cpu_impl<{entry.parent_class}, {len(tensors)}>(",
         f'    op, "aten::{f.func.name}", seen, {{{", ".join(tensors)}}},',
-        f"    [{', '.join(captures)}](auto& impl, const auto& t) {{ impl.impl({', '.join(args)}); }});",
+        f"    [{', '.join(captures)}](auto& impl, const auto& t) {{ impl.impl({', '.join(args)}); }}{key});",
     ]
 
 

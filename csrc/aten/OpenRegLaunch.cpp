@@ -139,10 +139,6 @@ void set_next_host_kernel(const HostKernelLaunch& launch) {
   next_host_kernel = launch;
 }
 
-void record_kernel_failure(c10::DeviceIndex device, const char* name, const char* message) {
-  OPENREG_CHECK(orStreamRecordFailure(current_raw_stream(device), name, message));
-}
-
 namespace detail {
 
 namespace {

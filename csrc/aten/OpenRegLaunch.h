@@ -287,10 +287,6 @@ inline bool queue_all_kernels() {
 // runs at once, in stream order.
 bool deterministic_algorithms();
 
-// `name` failed with `message` in the calling thread, in stream order: the
-// failure becomes the current stream's, reported like a queued kernel's.
-void record_kernel_failure(c10::DeviceIndex device, const char* name, const char* message);
-
 // Whether a kernel of `work` elements on `device` runs at once rather than
 // queued: small, on an idle current stream, without OPENREG_QUEUE_ALL_KERNELS=1.
 inline bool small_kernel_on_idle_stream(c10::DeviceIndex device, int64_t work) {
@@ -299,11 +295,13 @@ inline bool small_kernel_on_idle_stream(c10::DeviceIndex device, int64_t work) {
 
 // Runs body() in the calling thread if `work` (elements) is small and the
 // current stream of `device` has nothing queued, as a device that completes
-// it before the launch returns would: a failure becomes the stream's,
-// reported at the next synchronization as a queued kernel's. False, without
-// running it, if it must be queued (or OPENREG_QUEUE_ALL_KERNELS=1).
+// it before the launch returns would. Its error raises here, as CPU's kernel
+// raises it: a kernel that runs at once has no later call to report it, and an
+// argument error a kernel finds must raise at the call (docs/runtime.md, "When
+// errors raise"). False, without running it, if it must be queued (or
+// OPENREG_QUEUE_ALL_KERNELS=1).
 template <typename F>
-bool run_small_kernel_if_idle(c10::DeviceIndex device, const char* name, int64_t work, F& body) {
+bool run_small_kernel_if_idle(c10::DeviceIndex device, int64_t work, F& body) {
   if (!small_kernel_on_idle_stream(device, work)) {
     return false;
   }
@@ -312,13 +310,7 @@ bool run_small_kernel_if_idle(c10::DeviceIndex device, const char* name, int64_t
   }
   // Below autograd already: an operator's kernel launches it.
   const detail::RunningKernelHere running(device);
-  try {
-    body();
-  } catch (const c10::Error& e) {
-    record_kernel_failure(device, name, detail::with_launch_site(e.what_without_backtrace(), launch_site()).c_str());
-  } catch (const std::exception& e) {
-    record_kernel_failure(device, name, detail::with_launch_site(e.what(), launch_site()).c_str());
-  }
+  body();
   return true;
 }
 
@@ -354,7 +346,7 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
 // its `work` (elements) is small and the stream idle (run_small_kernel_if_idle).
 template <typename F>
 void launch_kernel(c10::DeviceIndex device, const char* name, int64_t work, F&& body) {
-  if (!inside_kernel() && !launch_blocking() && run_small_kernel_if_idle(device, name, work, body)) {
+  if (!inside_kernel() && !launch_blocking() && run_small_kernel_if_idle(device, work, body)) {
     return;
   }
   launch_kernel_made(device, name, [&]() -> std::decay_t<F> { return std::forward<F>(body); });
@@ -575,7 +567,7 @@ void run_or_launch(
     seen.insert(key);
     return;
   }
-  if (run_small_kernel_if_idle(device, name, work, here)) {
+  if (run_small_kernel_if_idle(device, work, here)) {
     return;
   }
   launch_kernel_made(device, name, std::forward<Make>(make));
@@ -615,10 +607,11 @@ void launch_operands_kernel(
     const char* name,
     SeenDtypes& seen,
     const std::array<const at::TensorBase*, N>& tensors,
-    Body&& body) {
+    Body&& body,
+    uint64_t more_key = 0) {
   auto here = [&] { detail::run_here<kCpu>(name, tensors, body); };
   using Kernel = detail::OperandsKernel<kCpu, N, std::decay_t<Body>>;
-  detail::run_or_launch(device, name, largest_numel(tensors), seen, dtype_key(tensors), here, [&]() -> Kernel {
+  detail::run_or_launch(device, name, largest_numel(tensors), seen, dtype_key(tensors) ^ more_key, here, [&]() -> Kernel {
     return Kernel{KernelOperands<N, kCpu>(tensors), std::forward<Body>(body), name};
   });
 }

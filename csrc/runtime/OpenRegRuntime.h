@@ -221,9 +221,6 @@ bool orLaunchBlocking();
 // ATen layer then queues every kernel, where it otherwise runs a small one on
 // an idle stream at once.
 bool orQueueAllKernels();
-// A kernel its caller ran in its own thread, in stream order, failed: the
-// failure becomes `stream`'s, reported like a queued kernel's.
-orError orStreamRecordFailure(orStream_t stream, const char* name, const char* message);
 // The failure the last LaunchFailure returned on this thread reported:
 // "<kernel name>: <message>"; "" if none.
 const char* orGetLaunchError();

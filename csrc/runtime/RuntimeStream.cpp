@@ -696,14 +696,6 @@ orError orStreamIsIdle(orStream_t stream, bool* idle) {
   return orError::Success;
 }
 
-orError orStreamRecordFailure(orStream_t stream, const char* name, const char* message) {
-  if (stream == nullptr || name == nullptr || message == nullptr) {
-    return orError::InvalidValue;
-  }
-  stream->fail(name, message);
-  return orError::Success;
-}
-
 orError orStreamSynchronize(orStream_t stream) {
   if (stream == nullptr) {
     return orError::InvalidValue;

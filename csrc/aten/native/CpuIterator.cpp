@@ -226,6 +226,17 @@ uint64_t dtype_key(const at::TensorIteratorBase& iter) {
   return key;
 }
 
+uint64_t strings_key(std::initializer_list<c10::string_view> strings) {
+  uint64_t h = 1469598103934665603ull;
+  for (c10::string_view s : strings) {
+    for (char c : s) {
+      h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    }
+    h = (h ^ 0xff) * 1099511628211ull;
+  }
+  return h & ~uint64_t{0xff}; // dtype_key's operand count stays readable
+}
+
 bool scalar_fits(const c10::Scalar& value, at::ScalarType dtype) {
   try {
     AT_DISPATCH_V2(

@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -261,27 +262,35 @@ struct IteratorImplKernel {
   }
 };
 
+// What a structured impl()'s string arguments add to its launch key (the
+// top bits, above dtype_key's operands).
+uint64_t strings_key(std::initializer_list<c10::string_view> strings);
+
 // Launches body(impl, tensors), impl a CpuImpl (or CpuIteratorImpl) of
 // `Parent` and tensors the CPU tensors of `tensors`, impl()'s tensor
 // arguments in order; op is the object meta() ran on.
 template <class Parent, size_t N, typename Op, typename Body>
 void launch_structured_cpu_impl(
-    Op& op, const char* name, SeenDtypes& seen, const std::array<const at::TensorBase*, N>& tensors, Body&& body) {
+    Op& op, const char* name, SeenDtypes& seen, const std::array<const at::TensorBase*, N>& tensors, Body&& body,
+    uint64_t more_key = 0) {
   const c10::DeviceIndex device = tensors[N - 1]->device().index(); // an output
+  const uint64_t key = ::openreg::dtype_key(tensors) ^ more_key;
   if constexpr (std::is_base_of_v<at::TensorIteratorBase, Parent>) {
     // At once, impl() runs on `op` itself, whose iterator meta() built.
     auto on_op = [&](std::array<at::Tensor, N>& t) { body(op, t); };
     auto here = [&] { detail::run_here<true>(name, tensors, on_op); };
     using Kernel = IteratorImplKernel<Parent, N, std::decay_t<Body>>;
-    detail::run_or_launch(device, name, largest_numel(tensors), seen, ::openreg::dtype_key(tensors), here, [&]() -> Kernel {
+    detail::run_or_launch(device, name, largest_numel(tensors), seen, key, here, [&]() -> Kernel {
       return Kernel{KernelIterator(op), KernelOperands<N, true>(tensors), std::forward<Body>(body), name};
     });
   } else {
     launch_operands_kernel<kCpuTensors>(
-        device, name, seen, tensors, [body = std::forward<Body>(body)](std::array<at::Tensor, N>& cpu) {
+        device, name, seen, tensors,
+        [body = std::forward<Body>(body)](std::array<at::Tensor, N>& cpu) {
           CpuImpl<Parent> impl;
           body(impl, cpu);
-        });
+        },
+        more_key);
   }
 }
 
