@@ -3,6 +3,7 @@ import fcntl
 import gc
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -45,6 +46,54 @@ def pytest_collection_finish(session):
     collector's sight, so the gc.collect() of tests that count device memory
     scans only what tests create (about 5 ms instead of 350)."""
     gc.freeze()
+
+
+# -- the extra CI passes ------------------------------------------------------------------
+# .ci/run runs the whole suite, then once per switch below only the tests whose
+# behaviour the switch changes: `python -m pytest -m <mode>` with the switch set. Every
+# test file names those modes in a module-level MODES tuple, and a file whose source
+# uses what a switch changes must name its mode, so the selection stays true as tests
+# are added (docs/development.md, "The suite's time").
+LAUNCH = re.compile(
+    r"_sleep\(|AcceleratorError|OPENREG_LAUNCH_BLOCKING|OPENREG_QUEUE_ALL_KERNELS|(openreg|torch|accelerator)\."
+    r"(Stream|Event)\(|sanitizer|graphs?\.|current_stream|queued\("
+)
+MODES = {
+    # mode: (the switch, what in a test file's source makes the switch matter)
+    "trace": ("TORCH_SHOW_DISPATCH_TRACE=1", re.compile(r"dispatch_trace|TORCH_SHOW_DISPATCH_TRACE|capfd|capsys")),
+    "queue_all": ("OPENREG_QUEUE_ALL_KERNELS=1", LAUNCH),
+    "blocking": ("OPENREG_LAUNCH_BLOCKING=1", LAUNCH),
+}
+
+
+def _declared_modes(module) -> tuple[str, ...]:
+    path = os.path.relpath(module.__file__)
+    declared = getattr(module, "MODES", None)
+    if not isinstance(declared, tuple) or not set(declared) <= set(MODES):
+        raise pytest.UsageError(
+            f"{path} must declare MODES, a tuple of the extra CI passes whose switch changes its tests' "
+            f"behaviour, among {sorted(MODES)} (() for none); docs/development.md says how to choose."
+        )
+    with open(module.__file__) as f:
+        source = f.read()
+    missing = [m for m, (switch, uses) in MODES.items() if m not in declared and uses.search(source)]
+    if missing:
+        raise pytest.UsageError(
+            f"{path} uses what {', '.join(MODES[m][0] for m in missing)} changes "
+            f"({', '.join(sorted({MODES[m][1].search(source).group(0) for m in missing}))}): add "
+            f"{', '.join(repr(m) for m in missing)} to its MODES."
+        )
+    return declared
+
+
+def pytest_collection_modifyitems(config, items):
+    checked = {}
+    for item in items:
+        module = item.module
+        if module.__name__ not in checked:
+            checked[module.__name__] = _declared_modes(module)
+        for mode in checked[module.__name__]:
+            item.add_marker(mode)
 
 
 # Tests marked `exclusive` run alone, also under pytest-xdist (`-n auto`, as in

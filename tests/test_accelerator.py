@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 
 def test_openreg_is_the_current_accelerator():
     assert torch.accelerator.is_available()

@@ -22,6 +22,8 @@ import torch._inductor.config as inductor_config
 from torch._inductor import metrics
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 LAUNCH = "openreg_inductor::launch<"
 
 

@@ -16,6 +16,8 @@ import pytest
 import torch
 from test_generators import as_cpu_state
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEVICE = "openreg"
 BUSY_MS = 300
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import model_zoo  # tests/model_zoo.py, the benchmark's models
 from torch_openreg import info
 
+MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
 BENCH_MODELS = ROOT / "benchmarks" / "bench_models.py"

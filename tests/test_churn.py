@@ -19,6 +19,8 @@ import time
 
 import torch
 
+MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+
 CYCLES = 1_000_000
 SLOTS = 16  # tensors alive at once, so blocks are split and merged, not only reused
 RESERVE_FACTOR = 2

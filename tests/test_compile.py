@@ -28,6 +28,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import torch_openreg.openreg._inductor as openreg_inductor
 from torch_openreg.openreg._dynamo import OpenRegInterface
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 F = torch.nn.functional
 
 KERNEL_CALL = "(*openreg_kernel_arguments("

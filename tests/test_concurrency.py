@@ -12,6 +12,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+MODES = ("trace", "queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 THREADS = 8
 SECONDS = 3.0
 

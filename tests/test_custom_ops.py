@@ -7,6 +7,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing import assert_close
 
+MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 add_relu = torch.ops.openreg.add_relu
 

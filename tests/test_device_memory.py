@@ -12,6 +12,8 @@ from torch.testing import assert_close
 
 import torch_openreg
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 MiB = 1 << 20
 GiB = 1 << 30
 

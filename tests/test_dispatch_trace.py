@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+
 # torch's own format (Dispatcher.cpp), then " -> " and openreg's route.
 LINE = re.compile(r"^(?P<indent> *)\[(?P<kind>call|stub)\] op=\[(?P<op>[^\]]+)\], key=\[PrivateUse1\] -> (?P<route>.+)$")
 

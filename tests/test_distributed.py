@@ -35,6 +35,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+MODES = ("trace", "queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 2
 LAUNCH_TIMEOUT = 120  # seconds for a whole launch; it normally takes 10-20

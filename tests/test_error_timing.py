@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
 
 # route -> (setup, a good call, the bad call); `x` is 4,096 floats on openreg,

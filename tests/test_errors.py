@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 

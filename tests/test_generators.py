@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.cuda.random
 
+MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
+
 N_DEVICES = 2  # tests/conftest runs with the default OPENREG_DEVICE_COUNT
 
 # Each draws 100 values (so that two different streams differ with certainty)

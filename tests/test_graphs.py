@@ -8,6 +8,8 @@ import torch
 
 import torch_openreg  # noqa: F401
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 

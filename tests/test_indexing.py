@@ -6,6 +6,8 @@ index_select (block copies, or CPU's kernel). Results must be CPU's."""
 import pytest
 import torch
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 

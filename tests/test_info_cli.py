@@ -10,6 +10,8 @@ import torch
 
 from torch_openreg import info
 
+MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
+
 # One pytest-xdist worker runs the module: the report is a module fixture.
 pytestmark = pytest.mark.xdist_group("info_cli")
 

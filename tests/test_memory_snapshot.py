@@ -12,6 +12,8 @@ import threading
 import pytest
 import torch
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEVICE = "openreg:1"  # tests elsewhere use device 0's allocator; this one's segments stay few
 MEMORY = torch.openreg.memory
 

@@ -25,6 +25,8 @@ import torch
 import model_zoo as zoo
 from model_zoo import GENERATIVE, MODELS, PHASE_BY_NAME, PHASES
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 NAMES = [m.name for m in MODELS]
 TIED = [m.name for m in MODELS if m.tied]

@@ -5,6 +5,8 @@ import threading
 import pytest
 import torch
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 
 def test_registered_as_torch_openreg_and_privateuse1_renamed():
     import torch_openreg.openreg

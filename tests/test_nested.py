@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 # torch warns once that the strided layout's API is a prototype.

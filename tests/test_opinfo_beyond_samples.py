@@ -10,7 +10,7 @@ runs, per OpInfo, what PyTorch's own device-generic tests add to that
   once, the second is queued), and leaves no error for the next synchronisation;
 - ``dtype/<dtype>/<i>``: the first samples in every other dtype the OpInfo
   claims for CPU and openreg (complex, half, bfloat16, integers, bool);
-- ``reference/<i>``: up to ``REFERENCE_SAMPLES`` of ``reference_inputs``
+- ``reference/<i>``: the first ``REFERENCE_SAMPLES`` of ``reference_inputs``
   beyond the sample inputs, for OpInfos that define them;
 - ``deterministic/<i>``: the first samples under
   ``torch.use_deterministic_algorithms(True)``, compared with CPU in that mode;
@@ -26,6 +26,7 @@ kinds, by the same rule as test_opinfo.py's: the list only shrinks.
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import warnings
 
@@ -41,6 +42,8 @@ from test_opinfo import (
     EXPECTED_FAILURES, EXPECTED_FAILURES_FILE, NOT_COMPARABLE, OPS, call, cpu_sample, out_arguments,
     result_belongs_on_device,
 )
+
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
 
 DTYPE_SAMPLES = 2  # per extra dtype
 REFERENCE_SAMPLES = 4
@@ -126,11 +129,7 @@ class TestOpInfoBeyondSamples(conformance.CpuOracle, TestCase):
             if problem is not None:
                 failures[f"{kind}/{index}"] = problem
 
-    def check_out(self, op, device, dtype, failures, count):
-        samples = list(op.sample_inputs(device, dtype))
-        if not samples:
-            return
-        sample = samples[0]
+    def check_out(self, op, device, sample, failures, count):
         result, error = call(op, sample, raw=True)
         if error is not None or out_arguments(result, "cpu") is None:
             return  # nothing to write into
@@ -168,20 +167,20 @@ class TestOpInfoBeyondSamples(conformance.CpuOracle, TestCase):
         torch.openreg.synchronize()
         if op.error_inputs_func is not None:
             self.check_error_inputs(op, device, failures, count)
+        # Samples are built lazily and only as many as run: building every
+        # sample of every dtype costs more than running the few that run.
         claimed = op.supported_dtypes("cpu") & op.supported_dtypes(device)
         for other in sorted(claimed - {dtype}, key=str):
-            samples = list(op.sample_inputs(device, other))[:DTYPE_SAMPLES]
+            samples = itertools.islice(op.sample_inputs(device, other), DTYPE_SAMPLES)
             self.compare_samples(op, f"dtype/{str(other).removeprefix('torch.')}", enumerate(samples), values, failures, count)
+        plain = list(op.sample_inputs(device, dtype))
         if op.reference_inputs_func is not None:
-            plain = len(list(op.sample_inputs(device, dtype)))
-            extra = list(op.reference_inputs(device, dtype))[plain:]
-            step = max(1, len(extra) // REFERENCE_SAMPLES)
-            picked = list(enumerate(extra))[::step][:REFERENCE_SAMPLES]
-            self.compare_samples(op, "reference", picked, values, failures, count)
-        samples = list(op.sample_inputs(device, dtype))[:DETERMINISTIC_SAMPLES]
-        self.compare_samples(op, "deterministic", enumerate(samples), values, failures, count, lambda: DeterministicGuard(True))
-        if op.supports_out:
-            self.check_out(op, device, dtype, failures, count)
+            extra = itertools.islice(op.reference_inputs(device, dtype), len(plain), len(plain) + REFERENCE_SAMPLES)
+            self.compare_samples(op, "reference", enumerate(extra), values, failures, count)
+        guard = lambda: DeterministicGuard(True)  # noqa: E731
+        self.compare_samples(op, "deterministic", enumerate(plain[:DETERMINISTIC_SAMPLES]), values, failures, count, guard)
+        if op.supports_out and plain:
+            self.check_out(op, device, plain[0], failures, count)
         self.assertIsNone(pending_error(device))
 
         expected = expected_for(name)

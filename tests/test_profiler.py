@@ -15,6 +15,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.testing import assert_close
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEVICE_ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 
 

@@ -14,6 +14,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import torch_openreg  # noqa: F401
 
+MODES = ("trace", "queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 sanitizer = torch.openreg.sanitizer
 
 

@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 # torch warns that the compressed layouts are in beta.

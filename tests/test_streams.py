@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 # The tests queue work behind a sleeping stream and check what the host sees
 # before it ends: they need the machine to themselves (conftest.py).
 pytestmark = pytest.mark.exclusive

@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 

@@ -14,6 +14,8 @@ from torch.utils._pytree import tree_map
 import conformance  # noqa: F401  (op.sample_inputs without inspect.stack: see conformance.py)
 from codegen.load import load
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "openreg"
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16, torch.complex64)

@@ -1,11 +1,16 @@
 """The suite's own machinery (tests/conftest.py): under pytest-xdist, a test
-marked `exclusive` runs alone."""
+marked `exclusive` runs alone; every test file declares its CI passes (MODES)."""
 
 import threading
 import time
+import types
 import uuid
 
+import pytest
+
 import conftest
+
+MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
 
 def test_an_exclusive_test_waits_for_running_tests_and_holds_back_new_ones(monkeypatch):
@@ -43,3 +48,31 @@ def test_without_xdist_nothing_waits(monkeypatch):
     with conftest._run_alone_if(True):
         with conftest._run_alone_if(True):  # would deadlock if it locked
             pass
+
+
+def module_with(tmp_path, source: str):
+    path = tmp_path / "test_example.py"
+    path.write_text(source)
+    module = types.ModuleType("test_example")
+    module.__file__ = str(path)
+    exec(source, module.__dict__)
+    return module
+
+
+def test_a_test_file_must_declare_its_modes(tmp_path):
+    with pytest.raises(pytest.UsageError, match="must declare MODES"):
+        conftest._declared_modes(module_with(tmp_path, "x = 1\n"))
+    with pytest.raises(pytest.UsageError, match="must declare MODES"):
+        conftest._declared_modes(module_with(tmp_path, 'MODES = ("fast",)\n'))
+    assert conftest._declared_modes(module_with(tmp_path, "MODES = ()\n")) == ()
+
+
+def test_a_file_that_uses_what_a_switch_changes_must_name_its_mode(tmp_path):
+    # (The calls are spelt in pieces: this file's own source is checked too.)
+    source = 'MODES = ("trace",)\nimport torch\ndef test_x():\n    torch.openreg._sl' + 'eep(5)\n'
+    with pytest.raises(pytest.UsageError, match=r"QUEUE_ALL_KERNELS=1.*'queue_all', 'blocking'"):
+        conftest._declared_modes(module_with(tmp_path, source))
+    fixed = source.replace('("trace",)', '("queue_all", "blocking")')
+    assert conftest._declared_modes(module_with(tmp_path, fixed)) == ("queue_all", "blocking")
+    with pytest.raises(pytest.UsageError, match="'trace'"):
+        conftest._declared_modes(module_with(tmp_path, "MODES = ()\ndef test_x(cap" + "fd):\n    pass\n"))

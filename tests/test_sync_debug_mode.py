@@ -11,6 +11,8 @@ import warnings
 import pytest
 import torch
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 MESSAGE = "called a synchronizing openreg operation"
 
 

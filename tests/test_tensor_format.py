@@ -10,6 +10,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch.openreg import set_tensor_format, tensor_format
 
+MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
+
 
 def tagged(*size, format="blocked", device="openreg"):
     t = torch.arange(float(torch.Size(size).numel()), device=device).reshape(size)

@@ -11,6 +11,8 @@ from torch.testing import assert_close
 
 from torch_openreg.info import classify
 
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+
 DEV = "openreg"
 
 
