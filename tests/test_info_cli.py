@@ -29,13 +29,22 @@ def report() -> dict:
     return json.loads(result.stdout)
 
 
+def yaml_custom_operators() -> list[str]:
+    """The custom operators backend_functions.yaml declares (adding one must
+    not break this file)."""
+    import yaml
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "backend_functions.yaml")) as f:
+        return [entry["schema"].split("(")[0] for entry in yaml.safe_load(f).get("custom_ops") or []]
+
+
 def test_json_report_counts_every_aten_operator(report):
     assert report["torch"] == torch.__version__
     assert report["aten_operators"] == len(info.operators("aten"))
     assert sum(report["counts"].values()) == report["aten_operators"]
     assert sum(report["native_by_route"].values()) == report["counts"]["native"]
     assert report["counts"]["blocked"] == 1  # _pin_memory
-    assert report["custom_operators"] == ["openreg::add_relu", "openreg::add_relu_backward"]
+    assert report["custom_operators"] == sorted(f"openreg::{name}" for name in yaml_custom_operators())
     assert "at::native::add_stub" in report["stubs"]["stub_cpu_kernel"]
     assert "at::native::index_stub" in report["stubs"]["stub_kernel"]
 
@@ -118,6 +127,30 @@ def test_unknown_op_is_a_clean_error():
     assert result.returncode == 2
     assert "no operator named 'no_such_op'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_fallbacks_lists_the_operators_the_cpu_fallback_serves_by_name(report):
+    result = cli("info", "--fallbacks", "--json")
+    assert result.returncode == 0, result.stderr
+    names = json.loads(result.stdout)
+    assert len(names) == report["counts"]["fallback"] and names == sorted(names)
+    assert "aten::trace" in names and "aten::add.Tensor" not in names
+    text = cli("info", "--fallbacks").stdout.splitlines()
+    assert text == names
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    result = subprocess.run(
+        f"{sys.executable} -m torch_openreg info --fallbacks | head -1",
+        shell=True, capture_output=True, text=True, timeout=300,
+    )
+    assert result.stdout.startswith("aten::") and result.stderr == ""
+
+
+def test_help_says_what_the_command_does():
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "What serves each operator on openreg, and the devices." in result.stdout
 
 
 def test_no_command_shows_usage():

@@ -1,4 +1,4 @@
-"""``python -m torch_openreg info [--op NAME] [--json]``: see torch_openreg/info.py."""
+"""``python -m torch_openreg info [--op NAME | --fallbacks] [--json]``: see torch_openreg/info.py."""
 
 import sys
 

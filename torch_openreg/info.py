@@ -1,5 +1,5 @@
 """What serves each operator on openreg: the report behind
-``python -m torch_openreg info [--op NAME] [--json]``.
+``python -m torch_openreg info [--op NAME | --fallbacks] [--json]``.
 
 Each aten operator is classified by the PrivateUse1 entry of its computed
 dispatch table (``torch._C._dispatch_dump_table``), which is what the
@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -213,6 +215,13 @@ def operator_report(name: str) -> list[dict[str, Any]]:
     ]
 
 
+def fallback_operators() -> list[str]:
+    """The aten operators the CPU fallback serves on dense openreg tensors, by name:
+    the ones to give a kernel first (docs/adding_an_op.md)."""
+    bound = bindings()
+    return [n for n in operators("aten") if classify(n, bound).category == "fallback"]
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -266,13 +275,28 @@ def _print_operator(entries: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_openreg", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_openreg", description="What serves each operator on openreg, and the devices."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="version, devices, memory and operator coverage")
-    info.add_argument("--op", metavar="NAME", help="show how openreg serves this operator, and its dispatch table")
+    which = info.add_mutually_exclusive_group()
+    which.add_argument("--op", metavar="NAME", help="show how openreg serves this operator, and its dispatch table")
+    which.add_argument("--fallbacks", action="store_true", help="list the operators the CPU fallback serves")
     info.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
+    try:
+        _run(parser, args)
+    except BrokenPipeError:  # `... info | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
 
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.fallbacks:
+        names = fallback_operators()
+        print(json.dumps(names, indent=2) if args.json else "\n".join(names))
+        return
     if args.op is not None:
         try:
             data: Any = operator_report(args.op)
@@ -286,4 +310,3 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(data, indent=2))
     else:
         printer(data)
-    return 0

@@ -150,7 +150,12 @@ int stream_priority(const c10::Stream& stream) {
 
 namespace {
 std::atomic<int> debug_mode{0};
+std::atomic<uint64_t> host_waits{0};
 } // namespace
+
+uint64_t host_wait_count() {
+  return host_waits.load(std::memory_order_relaxed);
+}
 
 void set_sync_debug_mode(int mode) {
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "invalid sync debug mode ", mode, ": 0 (default), 1 (warn) or 2 (error)");
@@ -162,6 +167,7 @@ int sync_debug_mode() {
 }
 
 void check_sync_debug(const char* what) {
+  host_waits.fetch_add(1, std::memory_order_relaxed);
   const int mode = debug_mode.load(std::memory_order_relaxed);
   if (C10_LIKELY(mode == 0)) {
     return;

@@ -6,6 +6,8 @@
 // number of torch.Stream objects map onto a bounded set of worker threads.
 #pragma once
 
+#include <cstdint>
+
 #include <c10/core/Stream.h>
 
 #include "runtime/OpenRegRuntime.h"
@@ -57,5 +59,9 @@ void set_sync_debug_mode(int mode);
 int sync_debug_mode();
 // Warns or raises, per the mode, naming `what`; no-op when off.
 void check_sync_debug(const char* what);
+// How many times the host has waited for the device through check_sync_debug's
+// calls (copies with a host side, item(), Stream.synchronize): the pytest
+// plugin's count of each test's host synchronisations.
+uint64_t host_wait_count();
 
 } // namespace openreg

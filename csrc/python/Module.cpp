@@ -630,6 +630,7 @@ PYBIND11_MODULE(_C, m) {
   }, "(kernel, memory) busy percents of the last second (orDeviceGetUtilization).");
   m.def("_set_sync_debug_mode", &openreg::set_sync_debug_mode);
   m.def("_get_sync_debug_mode", &openreg::sync_debug_mode);
+  m.def("_sync_count", &openreg::host_wait_count);
   m.def("_sleep", &sleep_on_current_stream, "Queues a wait of `ms` milliseconds on the current stream.");
   m.def("_install_fault_handler", [] { OPENREG_CHECK(openreg::orInstallFaultHandler()); },
         "Puts openreg's device-memory fault report in front of SIGSEGV handlers installed since.");
