@@ -60,13 +60,18 @@ def _note(a: Argument) -> str | None:
     return f'  call.note({value}, "{a.name}"{written});'
 
 
+def _same_object_input(a: Argument, written: list[Argument]) -> bool:
+    """Whether `a` is a Tensor input that may be the one out= tensor."""
+    return len(written) == 1 and str(a.type) == "Tensor" and not a.is_write
+
+
 def _host_expr(a: Argument, written: list[Argument]) -> str:
     kind = _kind(a.type)
     if not kind:
         return a.name
     if kind == "tensor" and a.is_write:
         return f"{a.name}_alias"  # a local: the CPU function takes a Tensor&
-    if kind == "tensor" and len(written) == 1 and str(a.type) == "Tensor":
+    if _same_object_input(a, written):
         # An input that is the out= tensor reaches the CPU function as the very
         # object of the out= alias: CPU kernels compare them by address
         # (addr_out's `&result == &self`, which addr_ relies on).
@@ -95,11 +100,15 @@ def _may_queue(entry: CpuKernelEntry, arguments: list[Argument]) -> bool:
     return "device" not in kinds
 
 
-def _queue_branch(entry: CpuKernelEntry, sig: DispatcherSignature) -> list[str]:
+def _queue_branch(entry: CpuKernelEntry, sig: DispatcherSignature, outs: list[Argument]) -> list[str]:
     name = entry.func.func.name
     args = ", ".join(a.name for a in sig.arguments())
+    # A boxed call gives each argument its own object: an input that is the
+    # out= runs at once, where _host_expr passes the out='s alias for it.
+    inputs = [a for a in sig.arguments() if isinstance(a.argument, Argument) and _same_object_input(a.argument, outs)]
+    distinct = "".join(f" && !{a.name}.is_same({outs[0].name})" for a in inputs)
     return [
-        "  if (call.may_queue()) {",
+        f"  if (call.may_queue(){distinct}) {{",
         f'    static const c10::OperatorHandle op = {cpp.CPU_KERNEL_OPERATOR}("aten::{name.name}", "{name.overload_name}");',
         f"    return {cpp.LAUNCH_CPU_KERNEL}<{sig.type()}>(op, {args});",
         "  }",
@@ -152,7 +161,7 @@ def cpu_kernel_wrapper(entry: CpuKernelEntry) -> str:
             f"  {cpp.trace_scope(op, entry.route, kernel)}",
             f'  {cpp.CPU_KERNEL_CALL} call("{op}", /*accepts_cpu_tensors=*/{accepts});',
             *notes,
-            *(_queue_branch(entry, sig) if _may_queue(entry, arguments) else []),
+            *(_queue_branch(entry, sig, outs) if _may_queue(entry, arguments) else []),
             "  call.begin();",
             *written,
             f"  {keep}{kernel}({exprs});",
