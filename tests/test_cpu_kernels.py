@@ -20,7 +20,7 @@ from codegen.load import load
 from tests.test_structured_opinfo import check_same, opinfo_id, root_of, run, to_cpu, to_device
 from torch_openreg.info import classify
 
-MODES = ("trace", "queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("trace", "queue_all")  # the extra CI passes that run this file (tests/conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "openreg"

@@ -43,7 +43,7 @@ from test_opinfo import (
     result_belongs_on_device,
 )
 
-MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("queue_all",)  # the extra CI passes that run this file (tests/conftest.py)
 
 DTYPE_SAMPLES = 2  # per extra dtype
 REFERENCE_SAMPLES = 4
