@@ -85,6 +85,11 @@ c10::SmallVector<const at::Tensor*, 8> flat_tensors(c10::ArrayRef<c10::IValue> v
   return out;
 }
 
+// A tensor's conj and neg bits as one number.
+int conj_neg_bits(const at::Tensor& t) {
+  return t.is_conj() + 2 * t.is_neg();
+}
+
 // Where a written operand's elements are. A queued kernel may not move or
 // reshape a written operand (the first call of its key did not), so the call
 // that learns and the kernel both compare it before and after.
@@ -101,11 +106,11 @@ struct Placement {
   static Placement of(const at::Tensor& t) {
     return {t.storage().data(), c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
             c10::SmallVector<int64_t, 5>(t.strides().begin(), t.strides().end()), t.storage_offset(),
-            t.storage().nbytes() == 0, t.is_conj() + 2 * t.is_neg()};
+            t.storage().nbytes() == 0, conj_neg_bits(t)};
   }
   bool holds(const at::Tensor& t) const {
     return t.storage().data() == data && t.sizes().equals(sizes) && t.strides().equals(strides) &&
-        t.storage_offset() == offset && t.is_conj() + 2 * t.is_neg() == bits;
+        t.storage_offset() == offset && conj_neg_bits(t) == bits;
   }
 };
 
@@ -242,7 +247,7 @@ class KeyBuilder {
       return false;
     }
     push(21, static_cast<int64_t>(device.type()) * 256 + device.index(), static_cast<int64_t>(t.scalar_type()),
-         t.dim(), t.is_conj() + 2 * t.is_neg());
+         t.dim(), conj_neg_bits(t));
     for (int64_t s : t.sizes()) {
       push(s);
     }
@@ -784,7 +789,7 @@ class BoxedCpuKernelCall {
     auto out = std::make_shared<LearntReturns>();
     for (const auto& [k, before] : written_before) {
       const at::Tensor& t = operands[k];
-      if (before.empty && t.is_contiguous() && t.storage_offset() == 0 && t.is_conj() + 2 * t.is_neg() == before.bits) {
+      if (before.empty && t.is_contiguous() && t.storage_offset() == 0 && conj_neg_bits(t) == before.bits) {
         out->resized.emplace_back(k, t.sizes().vec()); // what resize_ makes of it
       } else if (!before.holds(t)) {
         return nullptr;

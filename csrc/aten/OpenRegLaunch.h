@@ -325,7 +325,8 @@ void launch_kernel_made(c10::DeviceIndex device, const char* name, Make&& make) 
   }
   const bool capturing = current_stream_capturing(device);
   if ((launch_blocking() || deterministic_algorithms()) && !capturing) {
-    // OPENREG_LAUNCH_BLOCKING=1: an error is raised by this call.
+    // OPENREG_LAUNCH_BLOCKING=1 (an error is raised by this call), or
+    // deterministic mode (deterministic_algorithms).
     run_kernel_inline(device, make());
     return;
   }

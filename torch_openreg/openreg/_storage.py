@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import torch
 from torch._utils import classproperty
-from torch.storage import _LegacyStorage, _warn_typed_storage_removal
+from torch.storage import _dtype_to_storage_type_map, _LegacyStorage, _warn_typed_storage_removal
 
-_DTYPES = {
-    "ByteStorage": torch.uint8, "DoubleStorage": torch.double, "FloatStorage": torch.float,
-    "HalfStorage": torch.half, "LongStorage": torch.long, "IntStorage": torch.int,
-    "ShortStorage": torch.short, "CharStorage": torch.int8, "BoolStorage": torch.bool,
-    "BFloat16Storage": torch.bfloat16, "ComplexDoubleStorage": torch.cdouble,
-    "ComplexFloatStorage": torch.cfloat,
-}
+# Every dtype with a legacy storage class (torch.storage's own table), quantized
+# ones (Q*Storage) aside: openreg has no quantized tensors.
+_DTYPES = {name: dtype for dtype, name in _dtype_to_storage_type_map().items() if not name.startswith("Q")}
 
 
 class _OpenRegLegacyStorage(_LegacyStorage):

@@ -169,9 +169,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // The shape check of CPU's copy_ (its TensorIterator's), made here rather
   // than in the kernel, which may run after this call returned: an argument
   // error raises at the call, as on CUDA (docs/runtime.md, "When errors raise").
-  const at::DimVector shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
-  TORCH_CHECK(
-      dst.sizes().equals(shape), "output with shape ", dst.sizes(), " doesn't match the broadcast shape ", shape);
+  if (!dst.sizes().equals(self.sizes())) {
+    const at::DimVector shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
+    TORCH_CHECK(
+        dst.sizes().equals(shape), "output with shape ", dst.sizes(), " doesn't match the broadcast shape ", shape);
+  }
   copy_tensor_format(self, dst);
   if (dst.numel() == 0) {
     return dst;
