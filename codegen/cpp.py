@@ -13,14 +13,14 @@ from torchgen.code_template import CodeTemplate
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 # Hand-written headers (under csrc/) the generated files include.
-DEVICE_HEADER = "aten/OpenRegDevice.h"  # openreg::OptionalDeviceGuard
-TRACE_HEADER = "aten/OpenRegTrace.h"  # openreg::trace::Scope, TracedStub
-ROUTES_HEADER = "aten/OpenRegRoutes.h"  # openreg::Route, RouteTable
-FALLBACK_HEADER = "aten/OpenRegFallback.h"  # the boxed fallbacks
-STRUCTURED_HEADER = "aten/OpenRegStructured.h"  # FunctionalOp/OutOp/InplaceOp
-CPU_KERNEL_CALL_HEADER = "aten/OpenRegCpuKernelCall.h"  # openreg::CpuKernelCall
-BOXED_CPU_KERNEL_HEADER = "aten/OpenRegBoxedCpuKernel.h"  # openreg::launch_cpu_kernel
-CPU_ITERATOR_HEADER = "aten/native/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl, launch_structured_cpu_impl
+DEVICE_HEADER = "device/OpenRegDevice.h"  # openreg::OptionalDeviceGuard
+TRACE_HEADER = "operators/OpenRegTrace.h"  # openreg::trace::Scope, TracedStub
+ROUTES_HEADER = "operators/OpenRegRoutes.h"  # openreg::Route, RouteTable
+FALLBACK_HEADER = "operators/OpenRegFallback.h"  # the boxed fallbacks
+STRUCTURED_HEADER = "operators/OpenRegStructured.h"  # FunctionalOp/OutOp/InplaceOp
+CPU_KERNEL_CALL_HEADER = "operators/cpu/OpenRegCpuKernelCall.h"  # openreg::CpuKernelCall
+BOXED_CPU_KERNEL_HEADER = "operators/cpu/OpenRegBoxedCpuKernel.h"  # openreg::launch_cpu_kernel
+CPU_ITERATOR_HEADER = "kernels/CpuIterator.h"  # CpuKernelOf, prepare_structured_impl, launch_structured_cpu_impl
 # The generated header that declares every kernel the yaml names.
 NATIVE_HEADER = "OpenRegNativeFunctions.h"
 

@@ -19,7 +19,7 @@ class Route(enum.Enum):
     """How openreg serves a call. The one vocabulary of the project: the yaml,
     the generated code, `python -m codegen --list`, `python -m torch_openreg
     info`, the dispatch trace and the profiler name routes by these values, and
-    csrc/aten/OpenRegRoutes.h declares the same enum for C++ (a test compares
+    csrc/operators/OpenRegRoutes.h declares the same enum for C++ (a test compares
     the two). docs/adding_an_op.md has the table of what each one costs."""
 
     # An openreg function with the operator's signature (yaml: kernels).

@@ -172,7 +172,7 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
             x.view(1, 4, 16, 64), x.view(1, 4, 16, 64) * 0.5, x.view(1, 4, 16, 64), is_causal=True),
             id="fused_attention"),
         pytest.param(lambda x, i: x.index_put_((i[:, 0],), x * 2, accumulate=True), id="index_put_accumulate"),
-        # The custom operator launches its loop (csrc/aten/native/AddRelu.cpp); relu(x + x) on CPU.
+        # The custom operator launches its loop (csrc/kernels/AddRelu.cpp); relu(x + x) on CPU.
         pytest.param(lambda x, i: torch.relu(x + x) if x.is_cpu else torch.ops.openreg.add_relu(x, x),
                      id="custom_op"),
         pytest.param(lambda x, i: torch.logcumsumexp(x, 1), id="fallback"),

@@ -1,7 +1,7 @@
 """Operators whose torch CPU code runs on the device memory, against CPU:
 those bound under `cpu_kernels` in backend_functions.yaml (their own CPU kernel
 runs through a generated CpuKernelCall wrapper), and the `kernels` entries that call
-torch's device-generic implementation (csrc/aten/native/DeviceGeneric.cpp,
+torch's device-generic implementation (csrc/kernels/DeviceGeneric.cpp,
 whose stubs run CPU kernels). Over PyTorch's OpInfo samples: contiguous and non-contiguous inputs, the
 in-place and out= variants (an empty out= is resized, an out= of the wrong
 dtype raises like CPU), zero-size inputs, and gradients. Each sample must

@@ -747,7 +747,7 @@ def compiled_functional_collectives_match_eager(r: Rank):
 # --- C++ callers: the group's openreg backend in C++ ---------------------------------------
 # What C++ calls through a ProcessGroup method the trampoline does not forward to Python
 # runs c10d's dispatcher op, whose PrivateUse1 kernel asks ProcessGroup::getBackend for
-# openreg's backend: csrc/python/OpenRegProcessGroupBackend.cpp, which calls the group's
+# openreg's backend: csrc/distributed/OpenRegProcessGroupBackend.cpp, which calls the group's
 # Python methods. c10d.ProcessGroup.<method>(group, ...) calls the C++ method as C++ code
 # does (torch's binding of the base class, not the group's Python override).
 

@@ -267,7 +267,7 @@ def test_same_seed_gives_the_same_values_and_another_seed_other_values(op):
 @pytest.mark.parametrize("op", sorted(RANDOM_OPS))
 def test_openreg_draws_the_cpu_stream_of_the_same_seed(op):
     # Each openreg generator owns a CPU generator that the CPU kernels run on
-    # device memory draw from (csrc/aten/OpenRegGenerator.h): CPU is the oracle.
+    # device memory draw from (csrc/device/OpenRegGenerator.h): CPU is the oracle.
     torch.manual_seed(31)
     expected = RANDOM_OPS[op]("cpu", None)
     torch.manual_seed(31)
@@ -415,7 +415,7 @@ def test_dropout_draws_what_cpu_draws_for_the_same_seed():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64])
 def test_native_dropout_has_cpus_bits_and_strides(dtype):
-    # openreg applies the mask in one pass (csrc/aten/native/Dropout.cpp); CPU
+    # openreg applies the mask in one pass (csrc/kernels/Dropout.cpp); CPU
     # multiplies twice. Signed zeros, inf and NaN included.
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 0.0, -3.0, 1e-3, 7.5])
     base = torch.cat([special, torch.randn(56)]).to(dtype)

@@ -1,4 +1,4 @@
-"""Indexing kernels (csrc/aten/native/Index.cpp): x[indices] (torch's
+"""Indexing kernels (csrc/kernels/Index.cpp): x[indices] (torch's
 structured index_out with openreg's index_stub kernel), x[indices] = v
 (torch's _index_put_impl_, or CPU's kernel where it would sort), and
 index_select (block copies, or CPU's kernel). Results must be CPU's."""

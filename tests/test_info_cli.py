@@ -160,7 +160,7 @@ def test_no_command_shows_usage():
 
 
 def test_routes_are_one_vocabulary_in_python_and_cpp():
-    """torch_openreg._C.Route (openreg::Route, csrc/aten/OpenRegRoutes.h) and
+    """torch_openreg._C.Route (openreg::Route, csrc/operators/OpenRegRoutes.h) and
     codegen.model.Route name the same routes in the same order."""
     from codegen.model import Route
 

@@ -109,7 +109,7 @@ def _run(spec: zoo.ModelSpec, phase: zoo.Phase) -> Run:
 
 # The models whose openreg route runs kernels CPU has no counterpart of, so that
 # CPU's results are not the exact target: none since nn.LSTM and nn.GRU take CPU's
-# route (csrc/aten/native/RNN.cpp). A model added here names its reason.
+# route (csrc/kernels/RNN.cpp). A model added here names its reason.
 TOLERANCE: dict[str, dict[str, dict[str, float]]] = {}
 
 

@@ -1,6 +1,6 @@
 """Moving modules and parameters to openreg keeps them what they were, as on
 CUDA: `Module.to`/`_apply` swaps each Parameter's data in place (the
-`_has_compatible_shallow_copy_type` kernel, csrc/aten/native/View.cpp), so
+`_has_compatible_shallow_copy_type` kernel, csrc/kernels/View.cpp), so
 tied weights stay tied, lazy modules keep their UninitializedParameter,
 optimizers built before the move keep training the module's parameters."""
 

@@ -1,7 +1,7 @@
 """Recurrent modules on openreg. torch's RNN code takes the fused cells
 (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell`) for PrivateUse1 tensors, as
 for CUDA; openreg serves them and their backward functions
-(csrc/aten/native/RNN.cpp), so nn.LSTM, nn.GRU and their cells train as on
+(csrc/kernels/RNN.cpp), so nn.LSTM, nn.GRU and their cells train as on
 CPU. nn.LSTM and nn.GRU themselves take CPU's route (RNN.cpp's lstm_input and
 gru_input): oneDNN's LSTM layer where CPU uses it, the GRU's input projected
 once per layer, so their results and gradients have CPU's bits."""

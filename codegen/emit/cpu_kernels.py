@@ -2,7 +2,7 @@
 kernel on CPU aliases of the device memory (route `cpu_kernel`).
 
 For each `cpu_kernels` entry the wrapper has the dispatcher's signature and
-drives a CPU kernel call (cpp.CPU_KERNEL_CALL, csrc/aten) argument by
+drives a CPU kernel call (cpp.CPU_KERNEL_CALL, csrc/operators/cpu) argument by
 argument, as the boxed CPU fallback does at run time, but with every type known
 here: it notes where each operand lives, begins the call (device guard, stream
 order, CPU allocations redirected to device memory), calls the operator's
@@ -10,7 +10,7 @@ CPU kernel with CPU aliases of the operands, and returns written operands as
 themselves and fresh results as openreg tensors over the memory the CPU kernel
 allocated. When the kernel may be queued (a busy stream, a large kernel), the
 wrapper hands its arguments, boxed, to the launch of CPU kernels
-(aten/OpenRegBoxedCpuKernel.h), except for operators that torch tags as having
+(operators/cpu/OpenRegBoxedCpuKernel.h), except for operators that torch tags as having
 results of data-dependent shape or host results, and random draws without a
 generator argument: those run at once.
 

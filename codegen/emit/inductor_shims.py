@@ -25,8 +25,8 @@ from codegen.native import native_functions
 
 FILE = "InductorCShims.cpp"
 DEVICE = "openreg"
-LAUNCH_HEADER = "aten/OpenRegInductorLaunch.h"
-HOST_KERNEL_HEADER = "aten/OpenRegLaunch.h"  # openreg_launch_host_kernel
+LAUNCH_HEADER = "compiler/OpenRegInductorLaunch.h"
+HOST_KERNEL_HEADER = "operators/OpenRegLaunch.h"  # openreg_launch_host_kernel
 
 
 @functools.lru_cache(maxsize=None)

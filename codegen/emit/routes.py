@@ -1,6 +1,6 @@
 """RegisterRoutes.cpp: the fallbacks the yaml turns on, and the route table
 (every binding, and the fallback's per-operator lists) registered with
-csrc/aten/OpenRegRoutes.h, so that code below the generated files reads the
+csrc/operators/OpenRegRoutes.h, so that code below the generated files reads the
 yaml's decisions without calling up into them."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ torchgen's StructuredRegisterDispatchKey writes these for in-tree keys only
 (external backends get "Structured external backend functions are not
 implemented yet"), so this emitter writes them the same way for PrivateUse1:
 a wrapper per functional / in-place / out= operator runs meta() on an object of
-`openreg::structured::FunctionalOp`, `OutOp` or `InplaceOp` (csrc/aten/
+`openreg::structured::FunctionalOp`, `OutOp` or `InplaceOp` (csrc/operators/
 OpenRegStructured.h), class templates over the structured class whose meta()
 runs. meta() checks the arguments and asks for the outputs, which the object
 allocates on the openreg device or resizes / checks / proxies; impl() then

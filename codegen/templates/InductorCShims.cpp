@@ -7,7 +7,7 @@ ${banner}
 // through the dispatcher (at::<op>), so that openreg's kernels or its CPU
 // fallback serve them, as they serve the Python wrapper's aten calls. The
 // generated wrapper reaches them through openreg_inductor_function(name)
-// (csrc/aten/OpenRegInductorLaunch.h), with the signature of torch's CPU shim
+// (csrc/compiler/OpenRegInductorLaunch.h), with the signature of torch's CPU shim
 // of the same name (torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h).
 #include <cstring>
 #include <string_view>

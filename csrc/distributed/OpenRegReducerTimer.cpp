@@ -12,8 +12,8 @@
 #include <array>
 #include <optional>
 
-#include "aten/OpenRegException.h"
-#include "aten/OpenRegStream.h"
+#include "device/OpenRegException.h"
+#include "device/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg {

@@ -4,8 +4,8 @@
 
 #include <c10/util/Exception.h>
 
-#include "aten/OpenRegStream.h"
-#include "aten/OpenRegTrace.h"
+#include "device/OpenRegStream.h"
+#include "operators/OpenRegTrace.h"
 
 namespace openreg::profiler {
 namespace {

@@ -3,7 +3,7 @@
 // to the framework call that issued it.
 //
 // Kernels are reported by the instrumentation scope every call the backend
-// serves opens (aten/OpenRegTrace.h): the outermost call on a thread that
+// serves opens (operators/OpenRegTrace.h): the outermost call on a thread that
 // touched device memory is one kernel, from when it joined its device's
 // stream (join_current_stream) to its end. Copies are reported by the
 // runtime's activity records (orActivitySetCallback). Correlation ids come

@@ -11,9 +11,9 @@
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/stubs/base.h>
 
-#include "aten/OpenRegDevice.h"
-#include "aten/OpenRegException.h"
-#include "aten/OpenRegStream.h"
+#include "device/OpenRegDevice.h"
+#include "device/OpenRegException.h"
+#include "device/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
 namespace openreg::profiler {

@@ -26,25 +26,25 @@
 #include <utility>
 #include <vector>
 
-#include "aten/OpenRegAllocator.h"
-#include "aten/OpenRegAllocatorConfig.h"
-#include "aten/OpenRegDevice.h"
-#include "aten/OpenRegException.h"
-#include "aten/OpenRegFallback.h"
-#include "aten/OpenRegGenerator.h"
-#include "aten/OpenRegGpuTrace.h"
-#include "aten/OpenRegGraph.h"
-#include "aten/OpenRegHostAllocator.h"
-#include "aten/OpenRegInductorLaunch.h"
-#include "aten/OpenRegIpc.h"
-#include "aten/OpenRegLaunch.h"
-#include "aten/OpenRegCpuAlias.h"
-#include "aten/OpenRegRoutes.h"
-#include "aten/OpenRegStream.h"
-#include "aten/OpenRegTensorFormat.h"
-#include "aten/OpenRegTrace.h"
+#include "memory/OpenRegAllocator.h"
+#include "memory/OpenRegAllocatorConfig.h"
+#include "device/OpenRegDevice.h"
+#include "device/OpenRegException.h"
+#include "operators/OpenRegFallback.h"
+#include "device/OpenRegGenerator.h"
+#include "device/OpenRegGpuTrace.h"
+#include "graphs/OpenRegGraph.h"
+#include "memory/OpenRegHostAllocator.h"
+#include "compiler/OpenRegInductorLaunch.h"
+#include "ipc/OpenRegIpc.h"
+#include "operators/OpenRegLaunch.h"
+#include "operators/cpu/OpenRegCpuAlias.h"
+#include "operators/OpenRegRoutes.h"
+#include "device/OpenRegStream.h"
+#include "operators/OpenRegTensorFormat.h"
+#include "operators/OpenRegTrace.h"
 #include "profiler/OpenRegActivityRecorder.h"
-#include "python/OpenRegProcessGroupBackend.h"
+#include "distributed/OpenRegProcessGroupBackend.h"
 #include "python/OpenRegPythonStack.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -662,7 +662,7 @@ PYBIND11_MODULE(_C, m) {
         "Device activities recorded and not yet handed to a profiler session.");
   m.def("_process_group_backend", &openreg::process_group_backend, py::arg("group"), py::arg("rank"), py::arg("size"),
         py::arg("name"), "The c10d backend for openreg tensors of a Python process group: its collectives call the "
-        "group's methods (python/OpenRegProcessGroupBackend.h).");
+        "group's methods (distributed/OpenRegProcessGroupBackend.h).");
   m.def("_host_aliases", &cpu_aliases,
         "CPU tensors aliasing the memory of the openreg tensors among the arguments (others pass through).");
   m.def("_kernel_arguments", &kernel_arguments,

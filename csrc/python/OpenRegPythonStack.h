@@ -1,6 +1,6 @@
 #pragma once
 
-// The contexts of memory history (aten/OpenRegAllocator.h's GatherContext):
+// The contexts of memory history (memory/OpenRegAllocator.h's GatherContext):
 // the allocating thread's stack, and its frames for _snapshot().
 
 #include <c10/core/Allocator.h>

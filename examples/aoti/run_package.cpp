@@ -6,9 +6,9 @@
 // extension library _C. Loading _C registers openreg with torch as its static
 // initialisers run: the kernels, the allocator, the device guard, and the
 // AOTInductor runner for packages whose device is "openreg"
-// (csrc/aten/OpenRegAotiRunner.cpp); the package's generated code finds
+// (csrc/compiler/OpenRegAotiRunner.cpp); the package's generated code finds
 // openreg's functions in the program (openreg_inductor_function,
-// csrc/aten/OpenRegInductorLaunch.h). What Python does at `import torch_openreg`
+// csrc/compiler/OpenRegInductorLaunch.h). What Python does at `import torch_openreg`
 // beyond that, the program does itself: it names PrivateUse1 "openreg".
 // build.py builds it; tests/test_aoti.py builds and runs it.
 #include <iomanip>

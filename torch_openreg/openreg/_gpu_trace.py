@@ -4,7 +4,7 @@ torch/csrc/PyInterpreter.cpp (CONCRETE_GPU_TRACE) answers each trace_gpu_*
 hook of a device type by importing ``torch.<device type name>`` and calling
 ``_gpu_trace.<Name>Callbacks.fire_callbacks(...)`` there, so for PrivateUse1
 renamed to openreg it looks up this module under the names torch.cuda's and
-torch.xpu's have. csrc/aten/OpenRegGpuTrace.h calls the hooks; nothing fires
+torch.xpu's have. csrc/device/OpenRegGpuTrace.h calls the hooks; nothing fires
 until a tool calls ``torch._C._activate_gpu_trace()`` (the sanitizer does).
 
 Streams are named by their runtime handle (``torch_openreg._C._stream_handle``)

@@ -262,7 +262,7 @@ _FX_WRAPPER_MESSAGE = (
 # openreg_inductor::launch, and its extern kernels through openreg's C shims
 # (aoti_torch_openreg_<op>, defined with OPENREG_C_SHIM by the wrapper as it uses
 # them); both are found by name with openreg_inductor_function
-# (csrc/aten/OpenRegInductorLaunch.h). The wrapper is built without openreg's
+# (csrc/compiler/OpenRegInductorLaunch.h). The wrapper is built without openreg's
 # headers or library: a program that linked torch_openreg._C has that function in
 # its global scope (dlsym), and in Python, which loads _C privately, its address
 # travels through the environment, as for the Python wrapper's bindings
@@ -271,7 +271,7 @@ _FUNCTIONS_ENV = "_OPENREG_INDUCTOR_FUNCTIONS"
 _CPP_WRAPPER_LAUNCH = """
 // openreg (torch_openreg/openreg/_inductor.py): a C++ kernel is called with the
 // kernel addresses of its openreg tensors and queued on the current stream of
-// their device, like an eager openreg kernel (csrc/aten/OpenRegInductorLaunch.h).
+// their device, like an eager openreg kernel (csrc/compiler/OpenRegInductorLaunch.h).
 #include <dlfcn.h>
 #include <array>
 #include <cstdlib>
@@ -430,7 +430,7 @@ class OpenRegCppWrapperCodegen(CppWrapperCpu):
         # AOTInductorModelBase's constructor parsed the device string, which
         # accepts only torch's own devices (parse_device_str in
         # torch/csrc/inductor/aoti_runtime/model_base.h): openreg's runner
-        # (csrc/aten/OpenRegAotiRunner.cpp) passes "cpu:<index>", and the model
+        # (csrc/compiler/OpenRegAotiRunner.cpp) passes "cpu:<index>", and the model
         # is an openreg model from here on (its device type is what the
         # runner and the constant-update APIs see).
         closing = self.prefix._lines.pop()

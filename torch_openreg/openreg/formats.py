@@ -2,7 +2,7 @@
 
 A backend keeps what it knows about a tensor beyond sizes, strides and dtype
 (a real accelerator: the physical layout of its data, such as a blocked
-format) in the tensor's ``c10::BackendMeta`` (csrc/aten/OpenRegTensorFormat.h),
+format) in the tensor's ``c10::BackendMeta`` (csrc/operators/OpenRegTensorFormat.h),
 and PyTorch carries it where it carries the tensor if the backend says how:
 
 - ``torch.save`` / ``torch.load`` and ``torch._utils.get_tensor_metadata`` /

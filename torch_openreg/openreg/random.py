@@ -46,7 +46,7 @@ _default_generators: tuple[torch.Generator, ...] | None = None
 
 
 def _generators() -> tuple[torch.Generator, ...]:
-    # The C++ generators (csrc/aten/OpenRegGenerator.cpp) exist once per device;
+    # The C++ generators (csrc/device/OpenRegGenerator.cpp) exist once per device;
     # caching their Python wrappers keeps `default_generators[i] is
     # default_generators[i]`, as torch.cuda.default_generators does.
     global _default_generators

@@ -2,7 +2,7 @@
 // Do not edit: change the yaml and rebuild.
 //
 // Operators whose own CPU kernel runs on CPU aliases of the device memory (the
-// yaml's `cpu_kernels`, route `cpu_kernel`): see aten/OpenRegCpuKernelCall.h.
+// yaml's `cpu_kernels`, route `cpu_kernel`): see operators/cpu/OpenRegCpuKernelCall.h.
 #include <tuple>
 
 #include <torch/library.h>
@@ -13,9 +13,9 @@
 #include <ATen/ops/sort_cpu_dispatch.h>
 #include <ATen/ops/uniform_cpu_dispatch.h>
 
-#include "aten/OpenRegBoxedCpuKernel.h"
-#include "aten/OpenRegCpuKernelCall.h"
-#include "aten/OpenRegTrace.h"
+#include "operators/cpu/OpenRegBoxedCpuKernel.h"
+#include "operators/cpu/OpenRegCpuKernelCall.h"
+#include "operators/OpenRegTrace.h"
 
 namespace at {
 namespace {

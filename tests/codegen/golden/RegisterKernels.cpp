@@ -11,8 +11,8 @@
 #include <torch/library.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegDevice.h"
-#include "aten/OpenRegTrace.h"
+#include "device/OpenRegDevice.h"
+#include "operators/OpenRegTrace.h"
 
 namespace at {
 namespace {

@@ -4,12 +4,12 @@
 // What the yaml decides beyond single kernels: the fallbacks (routes
 // `fallback`, `blocked`, `nested_fallback`, `nested_blocked`, `sparse_fallback`,
 // `sparse_blocked`), and the route
-// table csrc/aten/OpenRegRoutes.h keeps, which the fallback, `python -m
+// table csrc/operators/OpenRegRoutes.h keeps, which the fallback, `python -m
 // torch_openreg info` and the coverage report read.
 #include <torch/library.h>
 
-#include "aten/OpenRegFallback.h"
-#include "aten/OpenRegRoutes.h"
+#include "operators/OpenRegFallback.h"
+#include "operators/OpenRegRoutes.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // Do not edit: change the yaml and rebuild.
 //
 // Structured groups (the yaml's `structured`): each wrapper runs torch's meta()
-// on an object of openreg's structured classes (aten/OpenRegStructured.h), then
+// on an object of openreg's structured classes (operators/OpenRegStructured.h), then
 // impl(): CPU's on the device tensors (route `structured`), an openreg one
 // (`structured_impl`), or CPU's on CPU aliases (`structured_on_cpu_aliases`).
 #include <torch/library.h>
@@ -10,9 +10,9 @@
 #include <ATen/ops/bmm_meta.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegDevice.h"
-#include "aten/OpenRegStructured.h"
-#include "aten/OpenRegTrace.h"
+#include "device/OpenRegDevice.h"
+#include "operators/OpenRegStructured.h"
+#include "operators/OpenRegTrace.h"
 
 namespace at {
 namespace {

@@ -28,8 +28,8 @@
 #include <ATen/native/UnaryOps.h>
 
 #include "OpenRegNativeFunctions.h"
-#include "aten/OpenRegTrace.h"
-#include "aten/native/CpuIterator.h"
+#include "kernels/CpuIterator.h"
+#include "operators/OpenRegTrace.h"
 
 namespace at::native {
 constexpr ::openreg::trace::Site neg_stub_site{"neg_stub", ::openreg::Route::StubKernel, "demo::native::neg_kernel"};
