@@ -63,6 +63,8 @@ MODES = {
     "trace": ("TORCH_SHOW_DISPATCH_TRACE=1", re.compile(r"dispatch_trace|TORCH_SHOW_DISPATCH_TRACE|capfd|capsys")),
     "queue_all": ("OPENREG_QUEUE_ALL_KERNELS=1", LAUNCH),
     "blocking": ("OPENREG_LAUNCH_BLOCKING=1", LAUNCH),
+    # CPU operator kernels on host copies of device memory (docs/porting.md)
+    "discrete": ("OPENREG_DISCRETE_MEMORY=1", re.compile(r"OPENREG_DISCRETE_MEMORY")),
 }
 
 

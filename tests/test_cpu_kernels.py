@@ -20,7 +20,7 @@ from codegen.load import load
 from tests.test_structured_opinfo import check_same, opinfo_id, root_of, run, to_cpu, to_device
 from torch_openreg.info import classify
 
-MODES = ("trace", "queue_all")  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("trace", "queue_all", "discrete")  # the extra CI passes that run this file (tests/conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "openreg"
@@ -36,7 +36,7 @@ def device_generic_kernels() -> dict[str, str]:
     an openreg one (DeviceGeneric.cpp, Index.cpp): operator -> kernel."""
     source = ""
     for name in ("DeviceGeneric.cpp", "Index.cpp"):
-        with open(os.path.join(ROOT, "csrc", "aten", "native", name)) as f:
+        with open(os.path.join(ROOT, "csrc", "kernels", name)) as f:
             source += f.read()
     defined = set(re.findall(r"^at::Tensor&? (\w+)\(", source, flags=re.M))
     return {str(k.name): k.kernel for k in CONFIG.kernels if k.kernel in defined}

@@ -25,7 +25,7 @@ import torch
 import model_zoo as zoo
 from model_zoo import GENERATIVE, MODELS, PHASE_BY_NAME, PHASES
 
-MODES = ("queue_all",)  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("queue_all", "discrete")  # the extra CI passes that run this file (tests/conftest.py)
 
 DEV = "openreg"
 NAMES = [m.name for m in MODELS]

@@ -72,7 +72,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import conformance
 import opinfo_report
 
-MODES = ("queue_all",)  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("queue_all", "discrete")  # the extra CI passes that run this file (tests/conftest.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED_FAILURES_FILE = os.path.join(HERE, "modules_expected_failures.yaml")

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("trace", "discrete")  # the extra CI passes that run this file (tests/conftest.py)
 
 DEV = "openreg"
 

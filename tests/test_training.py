@@ -11,7 +11,7 @@ from torch.testing import assert_close
 
 from torch_openreg.info import classify
 
-MODES = ("queue_all",)  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("queue_all", "discrete")  # the extra CI passes that run this file (tests/conftest.py)
 
 DEV = "openreg"
 

@@ -87,6 +87,17 @@ def wrapper(entry: StructuredEntry, f: NativeFunction, namespace: str) -> str:
         body += cpp.common_device_checks(
             str(f.func.name), [a.name for a in f.func.arguments.flat_all if a.type.is_tensor_like()]
         )
+        # OPENREG_DISCRETE_MEMORY=1: CPU's kernel of the operator on host
+        # copies (the boxed CPU kernel stages them), as a device whose memory
+        # CPU code cannot address must run it.
+        overload = f.func.name.overload_name
+        args = ", ".join(a.name for a in sig.arguments())
+        body += [
+            "if (C10_UNLIKELY(::openreg::discrete_memory())) {",
+            f'  static const c10::OperatorHandle cpu_op = ::openreg::cpu_kernel_operator("aten::{f.func.name.name}", "{overload}");',
+            f"  return ::openreg::launch_cpu_kernel<decltype({cpp.wrapper_name(f.func.name)})>(cpu_op, {args});",
+            "}",
+        ]
     outputs = {SchemaKind.functional: "", SchemaKind.inplace: "(self)"}.get(
         kind, f"({', '.join(a.name for a in f.func.arguments.out)})"
     )
@@ -185,6 +196,7 @@ def shard(cfg: BackendConfig, entries: list[StructuredEntry]) -> str:
             openreg_headers.add(cpp.CPU_ITERATOR_HEADER)
         if entry.route is Route.structured_on_cpu_aliases:
             torch_headers.add("ATen/core/op_registration/adaption.h")  # check_and_update_common_device
+            openreg_headers.add(cpp.BOXED_CPU_KERNEL_HEADER)  # launch_cpu_kernel
         for f in entry.functions():  # the loader admits no group with a mutable variant
             with native_function_manager(f):
                 wrappers.append(wrapper(entry, f, cfg.cpp_namespace))

@@ -8,6 +8,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/copy_native.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -239,6 +240,13 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   check_sync_debug("item");
   join_current_stream(self.device().index());
   report_host_wait(self.device().index());
+  if (discrete_memory()) {
+    at::Tensor host = at::empty({}, at::TensorOptions().dtype(self.scalar_type()));
+    OPENREG_CHECK(orMemcpy(host.mutable_data_ptr(), self.const_data_ptr(), self.element_size(), orMemcpyKind::DeviceToHost));
+    host._set_conj(self.is_conj());
+    host._set_neg(self.is_neg());
+    return at::_local_scalar_dense(host);
+  }
   return at::_local_scalar_dense(cpu_alias(self));
 }
 

@@ -89,7 +89,7 @@ at::Tensor kernel_cpu_view(const at::TensorBase& t) {
 int detail::read_launch_switches() {
   ensure_initialized(); // the runtime reads the switches when it starts
   const int read = kSwitchesRead | (orLaunchBlocking() ? kLaunchBlocking : 0) |
-      (orQueueAllKernels() ? kQueueAllKernels : 0);
+      (orQueueAllKernels() ? kQueueAllKernels : 0) | (orDiscreteMemory() ? kDiscreteMemory : 0);
   launch_switches.store(read, std::memory_order_relaxed); // racing threads store the same value
   return read;
 }

@@ -266,7 +266,7 @@ constexpr int64_t kSmallKernel = 1024;
 // The runtime's launch switches (fixed when it starts, which a launch
 // follows), read once into a global atomic: every launch reads them.
 namespace detail {
-enum LaunchSwitch : int { kLaunchBlocking = 1, kQueueAllKernels = 2, kSwitchesRead = 4 };
+enum LaunchSwitch : int { kLaunchBlocking = 1, kQueueAllKernels = 2, kDiscreteMemory = 4, kSwitchesRead = 8 };
 inline std::atomic<int> launch_switches{0};
 int read_launch_switches();
 inline int switches() {
@@ -279,6 +279,15 @@ inline bool launch_blocking() {
 }
 inline bool queue_all_kernels() {
   return (detail::switches() & detail::kQueueAllKernels) != 0;
+}
+// OPENREG_DISCRETE_MEMORY=1: openreg behaves as a device whose memory CPU code
+// cannot address. The routes that run torch's CPU operator kernels (the
+// fallbacks, cpu_kernels, structured_on_cpu_aliases) stage copies of their
+// operands' storages to host memory and copy written ones back, as torch's
+// at::native::cpu_fallback does for a real device; launched kernels keep
+// running on device memory. docs/porting.md.
+inline bool discrete_memory() {
+  return (detail::switches() & detail::kDiscreteMemory) != 0;
 }
 
 // torch.use_deterministic_algorithms(True): CPU kernels read the flag as they

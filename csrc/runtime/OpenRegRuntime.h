@@ -221,6 +221,10 @@ bool orLaunchBlocking();
 // ATen layer then queues every kernel, where it otherwise runs a small one on
 // an idle stream at once.
 bool orQueueAllKernels();
+// Whether OPENREG_DISCRETE_MEMORY=1 was set when the runtime started: the
+// device then behaves as one whose memory the host cannot address (a GPU
+// without unified addressing); only kernels and orMemcpy reach it.
+bool orDiscreteMemory();
 // The failure the last LaunchFailure returned on this thread reported:
 // "<kernel name>: <message>"; "" if none.
 const char* orGetLaunchError();

@@ -17,6 +17,7 @@ struct Config {
   uintptr_t kernel_base = 0;  // the same bytes, readable and writable
   bool launch_blocking = false; // OPENREG_LAUNCH_BLOCKING=1
   bool queue_all_kernels = false; // OPENREG_QUEUE_ALL_KERNELS=1
+  bool discrete_memory = false; // OPENREG_DISCRETE_MEMORY=1
 };
 
 // Null before a successful orInit.

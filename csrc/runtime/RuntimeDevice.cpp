@@ -115,9 +115,15 @@ orError read_launch_blocking(InitState& s) {
       status != orError::Success) {
     return status;
   }
+  if (const orError status = read_switch(
+          s, "OPENREG_QUEUE_ALL_KERNELS", "queue every kernel, a small one on an idle stream too",
+          s.config.queue_all_kernels);
+      status != orError::Success) {
+    return status;
+  }
   return read_switch(
-      s, "OPENREG_QUEUE_ALL_KERNELS", "queue every kernel, a small one on an idle stream too",
-      s.config.queue_all_kernels);
+      s, "OPENREG_DISCRETE_MEMORY", "keep CPU code from addressing device memory (docs/porting.md)",
+      s.config.discrete_memory);
 }
 
 void initialize(InitState& s) {

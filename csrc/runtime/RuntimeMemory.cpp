@@ -433,6 +433,11 @@ bool orIsDeviceAddress(const void* ptr) {
   return c != nullptr && device_of(*c, reinterpret_cast<uintptr_t>(ptr)) >= 0;
 }
 
+bool orDiscreteMemory() {
+  const detail::Config* config = detail::config();
+  return config != nullptr && config->discrete_memory;
+}
+
 orError orMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) {
     return orError::InvalidValue;

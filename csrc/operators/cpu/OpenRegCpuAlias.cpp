@@ -18,6 +18,7 @@
 
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegSpinLock.h"
+#include "device/OpenRegException.h"
 #include "device/OpenRegStream.h"
 #include "runtime/OpenRegRuntime.h"
 
@@ -271,6 +272,15 @@ c10::Storage cpu_alias_storage(const c10::Storage& device_storage) {
   return c10::Storage(
       c10::Storage::use_byte_size_t(), device_storage.nbytes(), std::move(ptr),
       growth_allocator(index), /*resizable=*/true);
+}
+
+c10::Storage host_copy(const c10::Storage& device_storage) {
+  const size_t nbytes = device_storage.nbytes();
+  c10::Storage host(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
+  if (nbytes > 0) {
+    OPENREG_CHECK(orMemcpy(host.mutable_data(), device_storage.data(), nbytes, orMemcpyKind::DeviceToHost));
+  }
+  return host;
 }
 
 namespace {

@@ -96,6 +96,12 @@ class PlannedCpuAllocations {
 // take_grown_device_memory) and the original device memory is left untouched.
 c10::Storage cpu_alias_storage(const c10::Storage& device_storage);
 
+// A copy of `device_storage`'s bytes in fresh, resizable host memory, for
+// CPU code on a device whose memory it cannot address (discrete_memory(),
+// OpenRegLaunch.h): the staging copy torch's cpu_fallback makes per tensor,
+// made per storage so that operands sharing memory share it on the host too.
+c10::Storage host_copy(const c10::Storage& device_storage);
+
 // A CPU tensor with `t`'s sizes, strides, offset, dtype and conj/neg bits over
 // `cpu_storage` (from cpu_alias_storage(t.storage()), or another alias's).
 at::Tensor cpu_alias(const at::TensorBase& t, const c10::Storage& cpu_storage);
@@ -190,7 +196,9 @@ class CpuAliases {
     Extra extra{};
   };
 
-  CpuAliases() = default;
+  // `staged`: each alias is over a host_copy of its device storage instead
+  // of the device memory itself.
+  explicit CpuAliases(bool staged = false) : staged_(staged) {}
   CpuAliases(const CpuAliases&) = delete;
   CpuAliases& operator=(const CpuAliases&) = delete;
   ~CpuAliases() {
@@ -217,7 +225,10 @@ class CpuAliases {
     e.device_tensor = t.unsafeGetTensorImpl();
     e.device_storage = device_storage;
     e.first_on_storage = shared == nullptr;
-    if (t.is_nested()) {
+    if (staged_) {
+      c10::Storage host = shared != nullptr ? shared->alias.storage() : host_copy(t.storage());
+      e.alias = t.is_nested() ? nested_tensor_on(host, at::Tensor(t)) : cpu_alias(t, host);
+    } else if (t.is_nested()) {
       // A NestedTensorCPU view of the same bytes, for torch's nested CPU kernels.
       e.alias = nested_tensor_on(
           shared != nullptr ? shared->alias.storage() : cpu_alias_storage(t.storage()), at::Tensor(t));
@@ -282,6 +293,7 @@ class CpuAliases {
     }
   }
 
+  const bool staged_;
   detail::CpuAliasPool* pool_ = nullptr;
   c10::SmallVector<Entry, kInline> inline_;
   std::list<Entry> more_;

@@ -97,10 +97,18 @@ bool waits_for_values(const std::string& name) {
 } // namespace
 
 CpuKernelCall::CpuKernelCall(const char* op, bool accepts_cpu_tensors)
-    : op_(op), accepts_cpu_tensors_(accepts_cpu_tensors), borrows_operands_(true) {}
+    : op_(op),
+      accepts_cpu_tensors_(accepts_cpu_tensors),
+      borrows_operands_(true),
+      operands_(discrete_memory()),
+      staged_(discrete_memory()) {}
 
 CpuKernelCall::CpuKernelCall(const c10::OperatorName& op, bool accepts_cpu_tensors)
-    : op_name_(&op), accepts_cpu_tensors_(accepts_cpu_tensors), borrows_operands_(false) {}
+    : op_name_(&op),
+      accepts_cpu_tensors_(accepts_cpu_tensors),
+      borrows_operands_(false),
+      operands_(discrete_memory()),
+      staged_(discrete_memory()) {}
 
 std::string CpuKernelCall::op_name() const {
   return op_name_ != nullptr ? c10::toString(*op_name_) : std::string(op_);
@@ -216,7 +224,7 @@ void CpuKernelCall::note(const std::optional<at::Generator>& generator, const ch
 }
 
 bool CpuKernelCall::may_queue() const {
-  if (!device_ || cpu_results_ || inside_kernel()) {
+  if (!device_ || cpu_results_ || inside_kernel() || staged_) {
     return false;
   }
   if (launch_blocking()) {
@@ -244,8 +252,10 @@ void CpuKernelCall::begin() {
   }
   orMarkKernel(device_->index()); // the CPU kernel runs here now, for utilization sampling
   marked_ = true;
-  if (cpu_results_) {
-    return; // the results belong to the CPU: its allocator stays as it is
+  if (cpu_results_ || staged_) {
+    // The results belong to the CPU, or are copied to the device
+    // (converted()): its allocator stays as it is.
+    return;
   }
   previous_redirect_ = redirect_cpu_allocations(device_->index());
   redirecting_ = true;
@@ -328,7 +338,10 @@ const c10::List<std::optional<at::Tensor>>& CpuKernelCall::alias(const c10::List
 }
 
 c10::Storage CpuKernelCall::alias(const c10::Storage& storage) {
-  return storage.device().is_privateuseone() ? cpu_alias_storage(storage) : storage;
+  if (!storage.device().is_privateuseone()) {
+    return storage;
+  }
+  return staged_ ? host_copy(storage) : cpu_alias_storage(storage);
 }
 
 std::optional<at::Device> CpuKernelCall::device(const std::optional<at::Device>& device) const {
@@ -364,6 +377,16 @@ void CpuKernelCall::finish() {
     write_back(w);
   }
   written_.clear();
+  if (staged_) {
+    // Every operand goes back, not only those the schema marks as written:
+    // native_batch_norm updates its running statistics, which its schema
+    // does not mark.
+    operands_.for_each([&](const Operand& o) {
+      if (o.first_on_storage) {
+        copy_back(o.device_storage, o.alias.storage());
+      }
+    });
+  }
 }
 
 // A written operand whose CPU alias the CPU kernel resized or restrided: give
@@ -389,11 +412,7 @@ void CpuKernelCall::write_back(const Written& w) {
       device_storage->set_data_ptr_noswap(std::move(*grown));
       device_storage->set_nbytes(cpu.nbytes());
     } else {
-      if (cpu.nbytes() > device_storage->nbytes()) {
-        resize_storage_bytes(device_storage, cpu.nbytes());
-      }
-      OPENREG_CHECK(
-          orMemcpy(device_storage->mutable_data(), cpu_data, cpu.nbytes(), orMemcpyKind::HostToDevice));
+      copy_back(device_storage, cpu);
     }
   }
   if (device_impl->is_nested()) {
@@ -406,6 +425,19 @@ void CpuKernelCall::write_back(const Written& w) {
   // A kernel may flip an out='s conj bit (linalg_lu_solve with left=False).
   device_impl->_set_conj(alias_impl->is_conj());
   device_impl->_set_neg(alias_impl->is_neg());
+}
+
+void CpuKernelCall::copy_back(c10::StorageImpl* device_storage, const c10::Storage& host) {
+  if (std::find(copied_back_.begin(), copied_back_.end(), device_storage) != copied_back_.end()) {
+    return;
+  }
+  copied_back_.push_back(device_storage);
+  if (host.nbytes() > device_storage->nbytes()) {
+    resize_storage_bytes(device_storage, host.nbytes());
+  }
+  if (host.nbytes() > 0) {
+    OPENREG_CHECK(orMemcpy(device_storage->mutable_data(), host.data(), host.nbytes(), orMemcpyKind::HostToDevice));
+  }
 }
 
 at::Tensor CpuKernelCall::result(const at::Tensor& t) {
@@ -440,6 +472,10 @@ std::optional<at::Tensor> CpuKernelCall::converted(const at::Tensor& t) {
     }
   });
   if (operand != nullptr) {
+    if (staged_) {
+      // It wrote the host copy (a sparse operand's member the kernel updated).
+      copy_back(operand->device_storage, operand->alias.storage());
+    }
     return *operand->extra; // the operator returned an operand itself (in-place, out=)
   }
   if (t.is_nested()) {

@@ -213,6 +213,9 @@ class CpuKernelCall {
     return borrow ? c10::MaybeOwned<at::Tensor>::borrowed(t) : c10::MaybeOwned<at::Tensor>::owned(std::in_place, t);
   }
   void write_back(const Written& w);
+  // Staged (discrete_memory()): copies the host copy `host` of
+  // `device_storage` back, once per call and storage.
+  void copy_back(c10::StorageImpl* device_storage, const c10::Storage& host);
 
   const char* op_ = nullptr;
   const c10::OperatorName* op_name_ = nullptr; // instead of op_ (the fallback)
@@ -246,6 +249,8 @@ class CpuKernelCall {
   // an operand itself returns as that operand. alias() returns references to
   // them: they never move.
   Operands operands_;
+  const bool staged_; // discrete_memory(): operands_ are host copies
+  c10::SmallVector<c10::StorageImpl*, 2> copied_back_;
   // Sparse operands and their sparse CPU aliases (whose members are among
   // operands_), in a list since alias() returns references to them.
   struct SparseOperand {

@@ -14,6 +14,7 @@
 #include "kernels/CpuIterator.h"
 #include "operators/OpenRegStructured.h"
 #include "operators/OpenRegTrace.h"
+#include "operators/cpu/OpenRegBoxedCpuKernel.h"
 
 namespace at {
 namespace {
@@ -23,6 +24,10 @@ at::Tensor wrapper_PrivateUse1__softmax(const at::Tensor & self, int64_t dim, bo
   const ::openreg::trace::Scope trace_scope("aten::_softmax", ::openreg::Route::StructuredOnCpuAliases, "at::native::structured_softmax_cpu_out");
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, self, "_softmax", "self");
+  if (C10_UNLIKELY(::openreg::discrete_memory())) {
+    static const c10::OperatorHandle cpu_op = ::openreg::cpu_kernel_operator("aten::_softmax", "");
+    return ::openreg::launch_cpu_kernel<decltype(wrapper_PrivateUse1__softmax)>(cpu_op, self, dim, half_to_float);
+  }
   ::openreg::structured::FunctionalOp<at::native::structured_softmax_cpu_out, 1, false> op;
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
@@ -39,6 +44,10 @@ at::Tensor & wrapper_PrivateUse1__softmax_out(const at::Tensor & self, int64_t d
   std::optional<c10::Device> common_device;
   c10::impl::check_and_update_common_device(common_device, self, "_softmax.out", "self");
   c10::impl::check_and_update_common_device(common_device, out, "_softmax.out", "out");
+  if (C10_UNLIKELY(::openreg::discrete_memory())) {
+    static const c10::OperatorHandle cpu_op = ::openreg::cpu_kernel_operator("aten::_softmax", "out");
+    return ::openreg::launch_cpu_kernel<decltype(wrapper_PrivateUse1__softmax_out)>(cpu_op, self, dim, half_to_float, out);
+  }
   ::openreg::structured::OutOp<at::native::structured_softmax_cpu_out, 1, false> op(out);
   op.meta(self, dim, half_to_float);
   ::demo::native::prepare_structured_impl(op);
