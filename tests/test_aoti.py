@@ -1,7 +1,7 @@
 """AOTInductor packages and Inductor's C++ wrapper (cpp_wrapper=True) on openreg.
 
 The C++ wrapper calls each generated C++ kernel through openreg (kernel addresses
-of its tensors, queued on the stream: docs/aoti.md) and each extern kernel through
+of its tensors, queued on the stream: docs/integration/compiler.md) and each extern kernel through
 openreg's C shims, which dispatch to openreg's kernels. The oracle is the same graph
 compiled for the CPU: it runs the same C++ kernels and the same BLAS calls, so the
 results are bitwise equal. Packages are compiled once per module (a compile costs
