@@ -1,12 +1,13 @@
 """Inductor code generation for openreg: torch's C++ CPU kernels, launched on the stream.
 
-An openreg kernel is a CPU kernel run on device memory (docs/architecture.md), so
-Inductor's C++ backend (``CppScheduling``: vectorised, OpenMP-parallel loops) already
-writes the right kernels for openreg. What differs is how they are called. Inductor's
-Python wrapper calls a C++ kernel with the tensors themselves, and the binding glue
-that ``CppPythonBindingsCodeCache`` compiles around it reads ``data_ptr()``, which for
-an openreg tensor is a device-view address CPU code must not touch
-(docs/integration/device.md). ``OpenRegWrapperCodegen`` therefore emits each C++ kernel call as
+An openreg kernel is a CPU kernel run on device memory (docs/integration/operators.md,
+"CPU aliases"), so Inductor's C++ backend (``CppScheduling``: vectorised,
+OpenMP-parallel loops) already writes the right kernels for openreg. What differs
+is how they are called. Inductor's Python wrapper calls a C++ kernel with the
+tensors themselves, and the binding glue that ``CppPythonBindingsCodeCache``
+compiles around it reads ``data_ptr()``, which for an openreg tensor is a
+device-view address CPU code must not touch (docs/integration/device.md).
+``OpenRegWrapperCodegen`` therefore emits each C++ kernel call as
 
     cpp_fused_add_relu_0(*openreg_kernel_arguments('cpp_fused_add_relu_0', (arg0_1, buf0, 8)))
 
