@@ -335,7 +335,7 @@ SANITIZERS = ("address", "undefined")
 
 def sanitizer_flags() -> tuple[list[str], list[str]]:
     """OPENREG_SANITIZE=address,undefined builds an instrumented extension
-    (docs/testing.md, "Sanitizers"): (compile flags, link flags)."""
+    (docs/integration/testing.md, "Sanitizers"): (compile flags, link flags)."""
     value = os.environ.get("OPENREG_SANITIZE", "").strip()
     if not value:
         return [], []

@@ -5,11 +5,11 @@
 One spawned child receives tensors from a queue and answers each with a small
 message once it holds the tensor (and has let go of it). The time from `put`
 to the answer, median over `repeat` hand-offs, is measured for an openreg
-tensor (shared as CUDA IPC shares device memory: docs/runtime.md, "Sharing
-device memory between processes") and for a CPU tensor already in shared
-memory (`share_memory_()`, torch's file_descriptor strategy), alternating, in
-the same run. Neither copies the tensor's bytes: the cost is the pickling,
-the passing of file descriptors and the mapping. Ratio = openreg / CPU.
+tensor (shared as CUDA IPC shares device memory: docs/integration/ipc.md)
+and for a CPU tensor already in shared memory (`share_memory_()`, torch's
+file_descriptor strategy), alternating, in the same run. Neither copies the
+tensor's bytes: the cost is the pickling, the passing of file descriptors and
+the mapping. Ratio = openreg / CPU.
 
 Printed, never asserted.
 """

@@ -7,7 +7,7 @@ openreg in the same run, in alternating batches; the median of each is kept.
 
 - sequence: `kernels` adds in a row, then `torch.openreg.synchronize()`, per
   add. With the stream idle at the start, a small add runs at once in the
-  launching thread (docs/runtime.md, "Kernels"), so this is the time to result
+  launching thread (docs/integration/streams.md, "Kernels"), so this is the time to result
   of a program of small operators. Ratio = openreg / CPU.
 - queued launch: the same adds issued while the stream is busy
   (`torch.openreg._sleep`), so each is queued; the time until the call returns,

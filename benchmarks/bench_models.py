@@ -48,8 +48,8 @@ import model_zoo as zoo  # noqa: E402  (tests/model_zoo.py: the models of tests/
 DEV = "openreg"
 # Pairs of batches per (model, phase). A training step's pairs differ by about
 # +-0.15 (quartiles); 61 pairs put the median within about +-0.05 (the row's
-# "median 95%"). Whole runs can differ by more: docs/performance.md, "GPT-2 at
-# the goal's edge".
+# "median 95%"). Whole runs can differ by more: docs/performance.md,
+# "Measuring".
 REPEAT = 61
 BATCH_MS = 20.0  # CPU time per batch
 

@@ -33,7 +33,7 @@ The label after each name comes from the dispatcher at run time
 (torch_openreg.info.classify of the aten operator that decides how openreg
 runs the case): native, fallback (the CPU fallback), or composite (runs
 through other operators). The summary gives, per group, the median and worst
-ratio and how many cases meet the goals of issue 4: native ops at most 1.10x
+ratio and how many cases meet the project's goals: native ops at most 1.10x
 CPU on small inputs and 1.05x on large ones, fallback ops 2.0x and 1.3x,
 copies at least 0.9x of CPU's copy_ bandwidth. These are printed, never
 asserted.

@@ -5,7 +5,7 @@
 Each process trains the same small regression model on ``openreg:<local rank>``, on its
 shard of every batch; DDP averages the gradients over the processes with the
 ``openreg_gloo`` c10d backend, which ``init_process_group()`` picks for openreg on its
-own (docs/distributed.md). At the end every rank checks that its weights equal rank 0's.
+own (docs/integration/distributed.md). At the end every rank checks that its weights equal rank 0's.
 ``--save PATH`` writes rank 0's final state dict (CPU tensors) to PATH.
 """
 

@@ -1,7 +1,7 @@
 """AOTInductor packages and Inductor's C++ wrapper (cpp_wrapper=True) on openreg.
 
 The C++ wrapper calls each generated C++ kernel through openreg (kernel addresses
-of its tensors, queued on the stream: docs/aoti.md) and each extern kernel through
+of its tensors, queued on the stream: docs/integration/compiler.md) and each extern kernel through
 openreg's C shims, which dispatch to openreg's kernels. The oracle is the same graph
 compiled for the CPU: it runs the same C++ kernels and the same BLAS calls, so the
 results are bitwise equal. Packages are compiled once per module (a compile costs
@@ -46,8 +46,7 @@ def packages(tmp_path_factory):
 
     Compiled in a cache directory of its own: with pytest -n, every worker that
     runs these tests compiles the same model, and a package made while another
-    worker rewrote a file of the shared cache once held an empty JSON file
-    (CI, OPENREG_QUEUE_ALL_KERNELS=1 run of stop 49)."""
+    worker rewrote a file of the shared cache could hold an empty JSON file."""
     torch.manual_seed(0)
     model = Model().eval()
     x = torch.randn(4, 16)
@@ -164,12 +163,10 @@ def test_cpp_wrapper_kernel_is_queued_on_the_stream_behind_queued_work():
     out = compiled(x)
     assert (queued() > count) is not blocking
     # The oracle is the same graph compiled for CPU (the same generated kernel):
-    # eager CPU's cos runs MKL's VML, and twice in CI (stops 54 and 55) its
-    # second half of rows, the OpenMP helper thread's, came out exactly as VML's
-    # low-accuracy mode computes it (27,251 elements, at most 3.0e-4 off, the
-    # bound of vmsCos with VML_EP) though torch passes VML_HA on each call:
-    # oneMKL's race on a function's first call from two threads
-    # (pytorch/pytorch#188792; README, "Known limitations").
+    # eager CPU's cos runs MKL's VML, whose first call from two threads can give
+    # one thread's share (the OpenMP helper's rows) VML's low-accuracy result,
+    # up to 3.0e-4 off, though torch passes VML_HA on each call: oneMKL's race
+    # (pytorch/pytorch#188792; docs/conformance.md, "MKL's first call").
     torch.testing.assert_close(out.cpu(), compiled_on_cpu(fn, x))
 
 

@@ -1,6 +1,6 @@
 """Kernels launched on a stream: the launch returns at once, the work runs on the
 stream's worker in stream order, and the calls that need results wait for it,
-as on CUDA (docs/runtime.md, "Kernels")."""
+as on CUDA (docs/integration/streams.md, "Kernels")."""
 
 import gc
 import inspect
@@ -41,7 +41,7 @@ def launched_before(fn):
     combination of operand dtypes runs in the calling thread, so that CPU's "not
     implemented for" errors raise at the call, and so does the first call of a
     CPU kernel with given operand shapes that could be queued, which learns its
-    results' shapes (docs/runtime.md, "Kernels"); later ones are queued. Twice:
+    results' shapes (docs/integration/streams.md, "Kernels"); later ones are queued. Twice:
     a first call may take longer than the queued work (lazy initialisation)."""
     for _ in range(2):
         busy(30)
@@ -162,7 +162,8 @@ def test_queue_all_kernels_queues_a_small_kernel_on_an_idle_stream_too():
         pytest.param(lambda x, i: x.index_select(0, i[0]), id="index_select"),
         pytest.param(lambda x, i: torch.index_select(x, 0, i[0], out=x.new_empty(0)), id="index_select_out_resized"),
         pytest.param(lambda x, i: x.max(1), id="max_dim"),
-        # CPU's kernel through the boxed launch (docs/runtime.md, "CPU kernels and the fallback").
+        # CPU's kernel through the boxed launch
+        # (docs/integration/streams.md, "CPU kernels and the fallback").
         pytest.param(lambda x, i: torch.nn.functional.layer_norm(x, (64,)), id="cpu_kernel"),
         pytest.param(lambda x, i: torch.std_mean(x, 1), id="cpu_kernel_two_results"),
         pytest.param(lambda x, i: x.index_fill_(1, i[0, :4], 2.0), id="cpu_kernel_in_place"),

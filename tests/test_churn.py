@@ -25,7 +25,7 @@ CYCLES = 1_000_000
 SLOTS = 16  # tensors alive at once, so blocks are split and merged, not only reused
 RESERVE_FACTOR = 2
 MiB = 1 << 20
-# Under AddressSanitizer (docs/testing.md, "Sanitizers") freed heap memory waits
+# Under AddressSanitizer (docs/integration/testing.md, "Sanitizers") freed heap memory waits
 # in ASan's quarantine (256 MiB by default) before it is reused, on purpose.
 UNDER_ASAN = any("libasan" in line for line in open("/proc/self/maps"))
 RSS_SLACK = (32 + 256 * UNDER_ASAN) * MiB

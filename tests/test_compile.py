@@ -3,7 +3,7 @@
 The oracle is eager mode on the CPU. Inductor tests also check the generated wrapper:
 a compile that silently fell back to eager would produce the right numbers, so each
 one asserts that Inductor generated C++ kernels and that the wrapper calls them on
-openreg's CPU aliases (docs/compile.md).
+openreg's CPU aliases (docs/integration/compiler.md).
 """
 
 import copy
@@ -313,7 +313,7 @@ def test_compiled_kernel_runs_after_copies_queued_on_the_stream():
 
 
 def test_a_compiled_kernel_is_queued_and_the_call_returns_before_it_runs():
-    # Generated kernels launch like eager ones (docs/compile.md, "Launches"):
+    # Generated kernels launch like eager ones (docs/integration/compiler.md, "Launches"):
     # behind queued work the compiled call returns at once, its kernel queued on
     # the stream; with OPENREG_LAUNCH_BLOCKING=1 each kernel runs before the
     # call returns.

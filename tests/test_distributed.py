@@ -430,7 +430,7 @@ def dtensor_shards_gathers_and_redistributes_as_the_whole_tensor(r: Rank):
 # DTensor's random operators: torch's OffsetBasedRNGTracker reads the openreg generator's
 # (seed, offset) state and gives the shard of linear index k the stream from offset
 # k * (the first shard's numel, rounded up to 4); the offset counts pairs of CPU draws,
-# the most any elementwise distribution takes per element (docs/distributed.md).
+# the most any elementwise distribution takes per element (docs/integration/generator.md).
 def dtensor_random_ops():
     import torch.distributed.tensor as dt
 
@@ -1092,7 +1092,7 @@ def init_with_an_openreg_device_id(r: Rank):
 @on_every_rank_with_its_own_group
 def destroy_process_group_waits_until_gloo_let_go_of_every_host_alias(r: Rank):
     # Gloo's thread must not be the one to free an alias's Python object: at exit that
-    # aborts the process (docs/distributed.md, "Exit").
+    # aborts the process (docs/integration/distributed.md, "Exit").
     r.init()
     group = dist.group.WORLD
     t = per_rank(r, 1000).to(r.device)
@@ -1357,7 +1357,7 @@ def free_port() -> int:
 
 
 def test_two_torchrun_nodes_on_loopback_all_reduce_on_openreg(tmp_path):
-    # docs/distributed.md's multi-node command, with both "nodes" on this host: two
+    # docs/integration/distributed.md's multi-node command, with both "nodes" on this host: two
     # torchrun launches meeting at a c10d rendezvous on 127.0.0.1.
     script = tmp_path / "all_reduce.py"
     script.write_text(TWO_NODE_SCRIPT)

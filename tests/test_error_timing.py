@@ -1,4 +1,4 @@
-"""When an error raises (docs/runtime.md, "When errors raise"): an argument
+"""When an error raises (docs/integration/streams.md, "When errors raise"): an argument
 error, anything checkable without reading device data, raises at the call in
 every route, in a fresh process (the operator's first call) as in a warm one
 (its kernels already queued behind busy work); a fault that depends on the

@@ -96,7 +96,7 @@ def test_pin_memory_is_refused_clearly():
 
 def test_sparse_operator_cpu_lacks_is_refused_clearly():
     # The dispatcher routes sparse layouts to the SparsePrivateUse1 key, whose
-    # fallback runs SparseCPU kernels (docs/sparse.md); an operator without one
+    # fallback runs SparseCPU kernels (docs/integration/operators.md); an operator without one
     # raises naming the operator, the layout and the way out, not torch's
     # "Could not run ... 'Sparseopenreg' backend".
     s = torch.empty(2, device=DEV, layout=torch.sparse_coo)

@@ -1,5 +1,5 @@
 """Graph capture and replay (torch.openreg.graph, OpenRegGraph, torch.accelerator.Graph,
-make_graphed_callables), against torch.cuda's graphs' behaviour: docs/runtime.md, "Graphs"."""
+make_graphed_callables), against torch.cuda's graphs' behaviour: docs/integration/graphs.md."""
 
 import copy
 

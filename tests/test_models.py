@@ -192,7 +192,7 @@ def test_autocast_bf16_forward_is_as_close_to_float32_as_cpus(model):
 @pytest.mark.parametrize("model", COMPILED)
 def test_compiled_forward_equals_compiled_cpu_bitwise(model):
     # Inductor generates the same C++ kernels for openreg as for the CPU
-    # (docs/compile.md), so compiled against compiled is exact.
+    # (docs/integration/compiler.md), so compiled against compiled is exact.
     cpu, dev = run(model, "compile").results()
     assert_matches_cpu(model, dev, cpu)
 

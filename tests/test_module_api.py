@@ -142,14 +142,14 @@ def _cuda_public_names() -> set[str]:
 
 
 def _names_documented_as_not_applying() -> set[str]:
-    """The names in docs/runtime.md's table "torch.cuda's names"."""
+    """The names in docs/integration/device.md's table "torch.cuda's names"."""
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).parent.parent / "docs" / "runtime.md").read_text()
-    section = text.split("## torch.cuda's names", 1)[1].split("\n## ", 1)[0]
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "integration" / "device.md").read_text()
+    section = text.split("# torch.cuda's names\n", 1)[1].split("\n#", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
-    assert rows, "docs/runtime.md lost its table of torch.cuda's names"
+    assert rows, "docs/integration/device.md lost its table of torch.cuda's names"
     return {name for row in rows for name in re.findall(r"`([A-Za-z_0-9]+)`", row.split(" | ")[0])}
 
 
@@ -157,9 +157,9 @@ def test_every_public_name_of_torch_cuda_is_in_torch_openreg_or_documented_as_no
     cuda = _cuda_public_names()
     documented = _names_documented_as_not_applying()
     missing = sorted(n for n in cuda if not hasattr(torch.openreg, n) and n not in documented)
-    assert not missing, f"torch.cuda names neither in torch.openreg nor in docs/runtime.md's table: {missing}"
+    assert not missing, f"torch.cuda names neither in torch.openreg nor in docs/integration/device.md's table: {missing}"
     stale = sorted(n for n in documented if n not in cuda or hasattr(torch.openreg, n))
-    assert not stale, f"docs/runtime.md lists names torch.openreg has, or torch.cuda no longer has: {stale}"
+    assert not stale, f"docs/integration/device.md lists names torch.openreg has, or torch.cuda no longer has: {stale}"
 
 
 def test_namesakes_answer_as_torch_cuda_s_would():

@@ -1,7 +1,7 @@
 """Profiling openreg: kernels and copies reach torch.profiler as PrivateUse1 device
 events, linked to the CPU operator that issued them, and give it device time; the
 autograd profiler's use_device="openreg" measures device time with openreg events.
-See docs/profiling.md."""
+See docs/integration/profiler.md."""
 
 import json
 import os

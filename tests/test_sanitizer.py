@@ -269,7 +269,7 @@ def test_disable_removes_the_mode(checked):
 
 
 def test_graph_capture_and_replay_are_not_reported(checked, capsys):
-    """What a graph records is not checked (docs/runtime.md, "Sanitizer"): a capture
+    """What a graph records is not checked (docs/integration/streams.md, "Sanitizer"): a capture
     on its side stream, replays on the default stream, the static output read and
     freed there make no report, and checks go on after."""
     x = torch.ones(4096, device="openreg")

@@ -295,10 +295,10 @@ def test_threads_with_their_own_streams_get_correct_results():
 
 def test_stream_and_event_agree_on_what_has_completed():
     # An event is a position in its stream's work: seen complete, the stream
-    # has done that work; a stream seen idle has completed its events. (The
-    # event used to be completed by a task, a moment before the stream counted
-    # that task done; under load, b.synchronize() could return with a.query()
-    # still False.)
+    # has done that work; a stream seen idle has completed its events. (An
+    # event completed by a task of its own, a moment before the stream counted
+    # that task done, would let b.synchronize() return under load with
+    # a.query() still False.)
     a, b = torch.openreg.Stream(), torch.openreg.Stream()
     for _ in range(200):
         with torch.openreg.stream(a):

@@ -1,5 +1,5 @@
 """Backend metadata on tensors: openreg's format tag (c10::BackendMeta) and every
-place PyTorch is told to carry it (docs/tensor_metadata.md)."""
+place PyTorch is told to carry it (docs/integration/device.md)."""
 
 import copy
 import io

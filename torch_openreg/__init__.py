@@ -40,7 +40,7 @@ torch.utils.generate_methods_for_privateuse1_backend(
 # torch.compile: dynamo needs openreg's DeviceInterface as soon as it traces,
 # Inductor openreg's code generator before it lowers a graph. Both modules take
 # seconds to import and most programs never load them, so each registration
-# runs when its module has been imported (docs/compile.md).
+# runs when its module has been imported (docs/integration/autoload.md).
 _import_hooks.when_imported(
     "torch._dynamo.device_interface",
     lambda _: importlib.import_module("torch_openreg.openreg._dynamo").register(),

@@ -25,7 +25,7 @@ NestedTensorPrivateUse1; ``nested`` says what serves it there (NESTED_ROUTES):
 - refused: the yaml turns the nested fallback off (fallback.nested: false).
 
 On a sparse COO tensor it dispatches to SparsePrivateUse1; ``sparse`` says what
-serves it there (SPARSE_ROUTES, docs/sparse.md):
+serves it there (SPARSE_ROUTES, docs/integration/operators.md):
 
 - sparse_fallback (the route): the sparse CPU fallback, the operator's SparseCPU
   kernel on the device memory;

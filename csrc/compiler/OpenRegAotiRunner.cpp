@@ -14,7 +14,7 @@
 //
 // It also replaces torch's runner of CPU packages by one that refuses openreg
 // inputs: a CPU package's kernels would read their device addresses, which
-// ends the process with openreg's fault report (docs/runtime.md); torch's
+// ends the process with openreg's fault report (docs/integration/device.md); torch's
 // loader cannot refuse earlier, since a package names its device and the
 // loader is given no other.
 #include <memory>

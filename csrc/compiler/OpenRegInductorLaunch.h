@@ -2,7 +2,7 @@
 // on openreg: the wrapper is C++ that holds tensors as AtenTensorHandles (torch's
 // C shim, torch/csrc/inductor/aoti_torch/c/shim.h) and calls each generated C++
 // kernel with raw pointers. An openreg tensor's data pointer is a device address
-// that CPU code must not touch (docs/runtime.md), so the wrapper asks this
+// that CPU code must not touch (docs/integration/device.md), so the wrapper asks this
 // function for the addresses kernels use, and for where the kernel goes, then
 // hands the kernel to openreg_launch_host_kernel (OpenRegLaunch.h), as the
 // Python wrapper's bindings do (torch_openreg/openreg/_inductor.py).

@@ -1,8 +1,8 @@
 // The openreg backend of a ProcessGroupOpenRegGloo: a c10d::Backend whose
 // collectives call the Python group's methods.
 //
-// Why: the group is a Python ProcessGroup (gloo on CPU aliases, docs/
-// distributed.md). C++ reaches its Python methods only through the methods
+// Why: the group is a Python ProcessGroup (gloo on CPU aliases,
+// docs/integration/distributed.md). C++ reaches its Python methods only through the methods
 // torch's trampoline forwards (torch/csrc/distributed/c10d/PyProcessGroup.hpp:
 // allreduce, broadcast, allgather, all_to_all_single, ...). Every other
 // ProcessGroup method (reduce, gather, scatter, alltoall, _allgather_base,

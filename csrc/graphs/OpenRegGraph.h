@@ -3,7 +3,7 @@
 // is recorded by the runtime (orStreamBeginCapture), not run, and each
 // replay queues it again on the current stream. Allocations on the captured
 // stream come from the graph's private memory pool, so replays find their
-// tensors where the capture put them. docs/runtime.md, "Graphs".
+// tensors where the capture put them. docs/integration/graphs.md.
 #pragma once
 
 #include <functional>

@@ -169,7 +169,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   at::assert_no_partial_overlap(dst, self);
   // The shape check of CPU's copy_ (its TensorIterator's), made here rather
   // than in the kernel, which may run after this call returned: an argument
-  // error raises at the call, as on CUDA (docs/runtime.md, "When errors raise").
+  // error raises at the call, as on CUDA (docs/integration/streams.md, "When errors raise").
   if (!dst.sizes().equals(self.sizes())) {
     const at::DimVector shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
     TORCH_CHECK(

@@ -68,7 +68,7 @@ at::Tensor empty_strided(
 
 // torch's new_empty (CompositeExplicitAutograd) plus the format tag of `self`:
 // Tensor.__deepcopy__ rebuilds a tensor as self.new_empty([]).set_(copied
-// storage), so this is how a deep copy keeps the tag (docs/tensor_metadata.md).
+// storage), so this is how a deep copy keeps the tag (docs/integration/device.md).
 at::Tensor new_empty(
     const at::Tensor& self,
     at::IntArrayRef size,

@@ -210,12 +210,12 @@ namespace {
 // time while the host thread had the other to itself: a team whose threads
 // sleep between kernels weighs no more than one busy host thread. Each
 // barrier then waited for a thread that was not running, and GPT-2's forward
-// took 1.0-1.3x CPU's time in those stretches against 0.9x otherwise. So the
-// team is bound one thread to a CPU, like OMP_PROC_BIND=close; the launching
-// thread stays free, and the scheduler puts it beside the least busy member.
-// What this costs: a model whose host thread is the longer path (T5's
-// forward) was at 0.65x CPU in the other placement, which gave the host a
-// core of its own, and is at 0.9x bound (docs/performance.md, "Stop 57").
+// went over CPU's time in those stretches. So the team is bound one thread to
+// a CPU, like OMP_PROC_BIND=close; the launching thread stays free, and the
+// scheduler puts it beside the least busy member. What this costs: a model
+// whose host thread is the longer path (T5's forward) loses the lead the
+// other placement gave it, a core of its own for the host (docs/performance.md,
+// "What each design choice costs").
 //
 // Only a team that fills the process's CPUs is bound: that is when the host
 // thread must share a core with one of its members. A smaller team is left

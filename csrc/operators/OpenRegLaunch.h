@@ -1,5 +1,5 @@
 // Launching a kernel: host code queued on the current stream of a device
-// (orLaunchKernel, docs/runtime.md), which runs it after the work queued
+// (orLaunchKernel, docs/integration/streams.md), which runs it after the work queued
 // before it while the caller goes on.
 //
 // What the kernel needs must be captured by value: it runs after the caller
@@ -257,7 +257,7 @@ void run_kernel_inline(c10::DeviceIndex device, F&& body) {
 
 // Elements below which a kernel is small: run at once on an idle stream,
 // where handing it to the worker would cost the launching thread more than
-// running it (docs/runtime.md, "Kernels"). A larger kernel is queued even on
+// running it (docs/integration/streams.md, "Kernels"). A larger kernel is queued even on
 // an idle stream, so that it runs beside the host's next Python and launches:
 // whole models gain more from that than an operator timed alone loses
 // (docs/performance.md, "Measurements behind comments").
@@ -306,7 +306,7 @@ inline bool small_kernel_on_idle_stream(c10::DeviceIndex device, int64_t work) {
 // current stream of `device` has nothing queued, as a device that completes
 // it before the launch returns would. Its error raises here, as CPU's kernel
 // raises it: a kernel that runs at once has no later call to report it, and an
-// argument error a kernel finds must raise at the call (docs/runtime.md, "When
+// argument error a kernel finds must raise at the call (docs/integration/streams.md, "When
 // errors raise"). False, without running it, if it must be queued (or
 // OPENREG_QUEUE_ALL_KERNELS=1).
 template <typename F>

@@ -2,7 +2,7 @@
 // backend metadata on tensors (c10/core/TensorImpl.h: set_backend_meta), the
 // place where a backend keeps what it knows about a tensor beyond sizes,
 // strides and dtype (a real one: the physical layout of its data). openreg's
-// kernels do not read it; docs/tensor_metadata.md says where it travels.
+// kernels do not read it; docs/integration/device.md says where it travels.
 #pragma once
 
 #include <ATen/core/Tensor.h>

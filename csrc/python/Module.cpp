@@ -707,7 +707,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_release_send", &openreg::ipc::release_send);
   m.def("_default_generator", [](int index) { return default_generator(static_cast<c10::DeviceIndex>(index)); });
 
-  // The format tag (docs/tensor_metadata.md): torch.save / torch.load and
+  // The format tag (docs/integration/device.md): torch.save / torch.load and
   // torch._utils.get/set_tensor_metadata reach it through this registry.
   torch::jit::TensorBackendMetaRegistry(
       c10::DeviceType::PrivateUse1, &openreg::serialize_tensor_format, &openreg::deserialize_tensor_format);

@@ -119,7 +119,7 @@ orError orMemcpy(void* dst, const void* src, size_t count, orMemcpyKind kind);
 // -- sharing device memory between processes (like cudaIpc*) ---------------------
 //
 // The kernel view of a process's device memory is a memfd mapped MAP_SHARED
-// (docs/runtime.md, "Sharing device memory between processes"), so another
+// (docs/integration/ipc.md), so another
 // process can map part of it. The handle names the page-aligned range of that
 // file covering one allocation; the receiving process maps the range into a
 // range of its own device heap on the same device index, so the pointer it
@@ -175,7 +175,7 @@ orError orStreamGetPriority(orStream_t stream, int* priority);
 orError orStreamGetId(orStream_t stream, uint64_t* id);
 // How many tasks (kernels, copies, host functions, event markers) have been
 // queued on the stream since it was made; a kernel run at once
-// by its caller (docs/runtime.md, "Kernels") is not one.
+// by its caller (docs/integration/streams.md, "Kernels") is not one.
 orError orStreamGetQueuedCount(orStream_t stream, uint64_t* count);
 // Success when all work queued so far has finished, NotReady otherwise.
 orError orStreamQuery(orStream_t stream);

@@ -261,7 +261,7 @@ ipc.register()
 __all__ += ["ipc_collect"]
 
 if torch.distributed.is_available():
-    # init_process_group() picks openreg_gloo for openreg tensors (docs/distributed.md).
+    # init_process_group() picks openreg_gloo for openreg tensors (docs/integration/distributed.md).
     from torch_openreg.openreg import distributed  # noqa: E402
 
     distributed._register_backend()

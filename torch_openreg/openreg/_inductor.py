@@ -1,12 +1,13 @@
 """Inductor code generation for openreg: torch's C++ CPU kernels, launched on the stream.
 
-An openreg kernel is a CPU kernel run on device memory (docs/architecture.md), so
-Inductor's C++ backend (``CppScheduling``: vectorised, OpenMP-parallel loops) already
-writes the right kernels for openreg. What differs is how they are called. Inductor's
-Python wrapper calls a C++ kernel with the tensors themselves, and the binding glue
-that ``CppPythonBindingsCodeCache`` compiles around it reads ``data_ptr()``, which for
-an openreg tensor is a device-view address CPU code must not touch
-(docs/runtime.md). ``OpenRegWrapperCodegen`` therefore emits each C++ kernel call as
+An openreg kernel is a CPU kernel run on device memory (docs/integration/operators.md,
+"CPU aliases"), so Inductor's C++ backend (``CppScheduling``: vectorised,
+OpenMP-parallel loops) already writes the right kernels for openreg. What differs
+is how they are called. Inductor's Python wrapper calls a C++ kernel with the
+tensors themselves, and the binding glue that ``CppPythonBindingsCodeCache``
+compiles around it reads ``data_ptr()``, which for an openreg tensor is a
+device-view address CPU code must not touch (docs/integration/device.md).
+``OpenRegWrapperCodegen`` therefore emits each C++ kernel call as
 
     cpp_fused_add_relu_0(*openreg_kernel_arguments('cpp_fused_add_relu_0', (arg0_1, buf0, 8)))
 
@@ -36,7 +37,7 @@ lowering choices Inductor makes for the CPU (``_inductor_lowering``), so that a 
 compiles to the kernels it compiles to on the CPU.
 
 The C++ wrapper (``cpp_wrapper=True``, also used by AOTInductor) is
-``OpenRegCppWrapperCodegen`` (docs/aoti.md); the FX wrapper (``fx_wrapper=True``) is
+``OpenRegCppWrapperCodegen`` (docs/integration/compiler.md); the FX wrapper (``fx_wrapper=True``) is
 refused with an explanation.
 """
 
@@ -302,7 +303,7 @@ static F function(const char* name) {
     if (found == nullptr) {
         throw std::runtime_error(
             std::string("openreg: torch_openreg._C has no ") + name +
-            " (an operator without an openreg C shim, docs/aoti.md, or a torch_openreg older than this code)");
+            " (an operator without an openreg C shim, docs/integration/compiler.md, or a torch_openreg older than this code)");
     }
     return reinterpret_cast<F>(found);
 }
@@ -385,7 +386,7 @@ static void constants_to_device(ConstantMap& map, Constants& constants, NameOf n
 
 class OpenRegCppWrapperCodegen(CppWrapperCpu):
     """Inductor's C++ wrapper for openreg graphs: ``cpp_wrapper=True``, and the
-    models of AOTInductor packages (docs/aoti.md).
+    models of AOTInductor packages (docs/integration/compiler.md).
 
     Torch's CPU C++ wrapper with these changes. Buffers are allocated on openreg
     (``aoti_torch_empty_strided`` with PrivateUse1's device type, which

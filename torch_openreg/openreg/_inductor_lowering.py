@@ -19,7 +19,7 @@ branch of these to openreg (torch/_inductor/):
   rather than recompute it in each user; ``config.realize_cpu_*`` thresholds).
   A recomputed bfloat16 intermediate is not rounded to bfloat16.
 
-docs/compile.md lists the CPU decisions left alone and why. Each replacement
+docs/integration/compiler.md lists the CPU decisions left alone and why. Each replacement
 calls torch's own function for every other device.
 """
 

@@ -1,4 +1,4 @@
-"""The machinery of torch.openreg.sanitizer (docs/runtime.md, "Sanitizer").
+"""The machinery of torch.openreg.sanitizer (docs/integration/streams.md, "Sanitizer").
 
 It is torch.cuda._sanitizer (CSAN) applied to openreg: CSAN's vector clocks
 (``EventHandler.syncs``, fed by the GPU trace through
@@ -511,7 +511,7 @@ class SanitizerMode(TorchDispatchMode):
             return func(*args, **kwargs)
         if _C._is_current_stream_capturing():
             # Recorded into a graph, not run: its accesses happen at the
-            # replays, which the sanitizer does not see (docs/runtime.md).
+            # replays, which the sanitizer does not see (docs/integration/streams.md).
             return func(*args, **kwargs)
         errors = handler.take_deferred()  # printed when they were found
         printed = len(errors)

@@ -7,7 +7,7 @@ entry point group (``torch/_dynamo/backends/registry.py``); openreg's is declare
 pyproject.toml, so ``torch._dynamo.list_backends()`` lists "openreg" without
 importing openreg, and ``backend="openreg"`` loads this module on first use.
 
-What it adds to Inductor (which already compiles openreg graphs: docs/compile.md)
+What it adds to Inductor (which already compiles openreg graphs: docs/integration/compiler.md)
 is what a backend author wants to know about a compiled model: which operators
 still run outside the generated kernels, and which of those run on openreg's CPU
 fallback. Each graph Inductor compiles (forward, backward, or inference) gets a

@@ -16,7 +16,7 @@ the backend creator, and forwards every collective to it with each openreg tenso
 replaced by its *CPU alias* (``_C._host_aliases``: a CPU tensor over the same bytes, after
 joining the current stream of its device). Gloo therefore reads and writes device memory
 in place, with its own transport (TCP on loopback or the interface gloo picks): no
-staging copies and no home-made transport. docs/distributed.md gives the reasoning.
+staging copies and no home-made transport. docs/integration/distributed.md gives the reasoning.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ and PyTorch carries it where it carries the tensor if the backend says how:
   conversion (``_fake_tensor.py``).
 
 openreg's kernels do not read the tag, and results of other operators do not
-carry it. docs/tensor_metadata.md has the table.
+carry it. docs/integration/device.md says where it travels.
 """
 
 from __future__ import annotations

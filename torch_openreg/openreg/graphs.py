@@ -1,4 +1,4 @@
-"""Graph capture and replay, as torch.cuda's graphs (docs/runtime.md, "Graphs").
+"""Graph capture and replay, as torch.cuda's graphs (docs/integration/graphs.md).
 
 What a stream launches between ``capture_begin`` and ``capture_end`` is recorded
 by the runtime instead of run; ``replay()`` queues it again on the current

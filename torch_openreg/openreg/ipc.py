@@ -9,7 +9,7 @@ arrives as a view of the same device memory (torch's ``rebuild_tensor`` keeps
 size, stride, offset and ``requires_grad``, and refuses a non-leaf that
 requires grad), and a storage as the same memory.
 
-How (docs/runtime.md, "Sharing device memory between processes"):
+How (docs/integration/ipc.md):
 
 - the sender waits for the storage's device (``torch.openreg.synchronize``),
   so the receiver sees what was queued before the send, and exports the

@@ -16,7 +16,7 @@ synchronisations), not from what happened to run first:
 As CSAN does, each error is printed to stderr and the operator that found it
 raises ``torch.cuda._sanitizer.CUDASanitizerErrors``; an error found when
 memory is freed is printed then and raised by the next operator. What it
-cannot see, and its cost: docs/runtime.md, "Sanitizer".
+cannot see, and its cost: docs/integration/streams.md, "Sanitizer".
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 // same key, when the kernel may be queued (CpuKernelCall::may_queue), allocate
 // results of that geometry at once, return them, and queue the CPU kernel on
 // the current stream; its allocations of the results' sizes get their memory
-// (PlannedCpuAllocations), so it writes them in place. docs/runtime.md,
+// (PlannedCpuAllocations), so it writes them in place. docs/integration/streams.md,
 // "CPU kernels and the fallback", says which operators never queue.
 #pragma once
 
