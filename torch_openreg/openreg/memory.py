@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import pickle
+import re
 import sys
 import types
 import warnings
@@ -173,10 +174,12 @@ _cuda_summary = types.FunctionType(
     "memory_summary",
     torch.cuda.memory.memory_summary.__defaults__,
 )
-# The header lines name the device; each replacement keeps the line's width.
-_SUMMARY_NAMES = (("   PyTorch CUDA memory summary", "PyTorch openreg memory summary"),
-                  ("   CUDA OOMs", "openreg OOMs"),
-                  ("  cudaMalloc retries", "      malloc retries"))
+# The header lines name the device. Each name is right-aligned over CUDA's text
+# and the blanks before it, so a line keeps CUDA's width for a device name of up
+# to 16 letters, not only for this one's 7 (tools/rename_backend.py).
+_SUMMARY_NAMES = (("PyTorch CUDA memory summary", "PyTorch openreg memory summary"),
+                  ("CUDA OOMs", "openreg OOMs"),
+                  ("cudaMalloc retries", "malloc retries"))
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
@@ -185,8 +188,8 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     non-releasable bytes, allocations, segments, oversize ones; columns:
     current, peak, total allocated, total freed; per pool unless ``abbreviated``)."""
     summary = _cuda_summary(_index(device), abbreviated)
-    for cuda, openreg in _SUMMARY_NAMES:
-        summary = summary.replace(cuda, openreg, 1)
+    for cuda, ours in _SUMMARY_NAMES:
+        summary = re.sub(" *" + re.escape(cuda), lambda m: ours.rjust(len(m.group())), summary, count=1)
     return summary
 
 
