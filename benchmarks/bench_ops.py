@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -481,6 +482,18 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return summary
 
 
+def route_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per route and size: the cases' median and worst ratio. Run with
+    OPENREG_DISCRETE_MEMORY=1 and without, it shows what staging costs each
+    route (docs/porting.md)."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if "cpu_GBps" not in r:
+            groups.setdefault((r["route"], r["size"]), []).append(r["ratio"])
+    return [{"route": route, "size": size, "cases": len(ratios), "median_ratio": statistics.median(ratios),
+             "max_ratio": max(ratios)} for (route, size), ratios in sorted(groups.items())]
+
+
 def label_notes(row: dict[str, Any]) -> list[str]:
     """Where what the openreg call ran on the fallback disagrees with the label."""
     reached = row["fallback_ops"]
@@ -546,12 +559,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.openreg.memory._record_memory_history(stacks="python", max_entries=100_000)
     bound = info.bindings()
     labels = {c.name: info.classify(c.op, bound).category for c in cases}
+    routes = {c.name: bound[c.op][0].name if c.op in bound else labels[c.name] for c in cases}
+    discrete = os.environ.get("OPENREG_DISCRETE_MEMORY") == "1"
     repeat = {size: args.repeat or REPEAT[size] for size in REPEAT}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"repeat {repeat['small']} small / {repeat['large']} large, "
           f"placements {args.placements}, calls x{args.calls_scale:g}"
           f"{', sanitizer on' if torch.openreg.sanitizer.is_enabled() else ''}"
-          f"{', memory history recorded' if args.record_memory_history else ''}; ratio = openreg / CPU")
+          f"{', memory history recorded' if args.record_memory_history else ''}"
+          f"{', discrete memory (OPENREG_DISCRETE_MEMORY=1)' if discrete else ''}; ratio = openreg / CPU")
     print(ROW.format("op (label)", "size", "shape", "call", "cpu us", "openreg us", "ratio", "q1-q3",
                      "  GB/s cpu / openreg"))
     rows = []
@@ -559,11 +575,15 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             calls = max(1, round((case.calls if large else SMALL_CALLS) * args.calls_scale))
             row = measure(case, large, repeat["large" if large else "small"], calls, args.placements)
-            row["label"] = labels[case.name]
+            row["label"], row["route"] = labels[case.name], routes[case.name]
             rows.append(row)
             print_row(row)
     summary = summarize(rows)
     print_summary(summary)
+    by_route = route_summary(rows)
+    print(f"\n{'route':<28} {'size':<6} {'cases':>5} {'median':>7} {'max':>6}")
+    for s in by_route:
+        print(f"{s['route']:<28} {s['size']:<6} {s['cases']:>5} {s['median_ratio']:>7.2f} {s['max_ratio']:>6.2f}")
     notes = [n for r in rows if "cpu_GBps" not in r for n in label_notes(r)]
     for n in notes:
         print("note:", n)
@@ -571,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "repeat": repeat,
                        "placements": args.placements,
-                       "calls_scale": args.calls_scale, "rows": rows, "summary": summary, "notes": notes},
+                       "calls_scale": args.calls_scale, "discrete_memory": discrete, "rows": rows,
+                       "summary": summary, "routes": by_route, "notes": notes},
                       f, indent=1)
     bad = [r["op"] for r in rows if not (math.isfinite(r["ratio"]) and r["ratio"] > 0)]
     if bad:
