@@ -18,6 +18,7 @@ from codegen.stubs import normalize_param, split_params
 _COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
 _AFTER_PARAMS = re.compile(r"\s*(?:const\s*|noexcept\s*|override\s*)*\{")
+_ENDS_TYPE = re.compile(r"[\w&*>]")
 _NOT_A_DEFINITION = {"if", "for", "while", "switch", "return", "sizeof", "catch", "decltype"}
 SOURCE_SUFFIXES = (".cpp", ".cc", ".h", ".hpp")
 
@@ -29,9 +30,13 @@ def _definitions_in(text: str) -> dict[str, list[tuple[str, ...]]]:
         name = m.group(1)
         if name in _NOT_A_DEFINITION:
             continue
-        before = text[: m.start()].rstrip()
         # A definition's name follows its return type, not an operator or '.'/'->'.
-        if not before or not re.search(r"[\w&*>]$", before) or before.endswith("->"):
+        # Read back from the name in place: a copy of the text before each name
+        # would make the scan quadratic in the file's length.
+        end = m.start()
+        while end and text[end - 1].isspace():
+            end -= 1
+        if not end or not _ENDS_TYPE.match(text, end - 1) or text.endswith("->", 0, end):
             continue
         depth, i = 0, m.end() - 1
         while i < len(text):
