@@ -2,6 +2,7 @@
 name the file and line and write nothing."""
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,10 @@ from codegen.emit import generate
 from codegen.emit.routes import bindings
 from codegen.load import load, load_text
 from codegen.model import Route, YamlError
+
+# The stubs an impl() calls are read from x86-64 code (codegen/stub_calls.py);
+# elsewhere only those named after the group are checked.
+X86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="reads libtorch_cpu's x86-64 code")
 
 MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
 
@@ -155,6 +160,20 @@ ERROR_CASES = [
      "'cumsum.out': CPU's impl() calls at::native::cumsum_stub (ATen/native/ReduceOps.h)"),
     ("cpp_namespace: n\nstructured:\n  - op: sort.values_stable\n", 3,
      "calls at::native::sort_stub"),
+    # The stubs an impl() calls are read from libtorch_cpu's code: linalg_cross's
+    # is not named after it, all.out's impl() calls its stub from a helper.
+    pytest.param("cpp_namespace: n\nstubs:\n  cpu_kernels: true\nstructured:\n  - op: neg.out\n  - op: linalg_cross.out\n", 6,
+                 "'linalg_cross.out': CPU's impl() calls at::native::cross_stub (ATen/native/Cross.h), which takes "
+                 "(const Tensor&, const Tensor&, const Tensor&, const int64_t) rather than a TensorIterator, so it "
+                 "needs an openreg kernel: add '- {stub: cross_stub, kernel: ...}' under stubs.kernels (a function "
+                 "in n with the stub's parameter types)", marks=X86_64),
+    pytest.param("cpp_namespace: n\nstructured:\n  - op: all.out\n", 3,
+                 "'all.out': CPU's impl() calls at::native::and_stub (ATen/native/ReduceOps.h), which has no openreg "
+                 "kernel: set 'cpu_kernels: true' under 'stubs'", marks=X86_64),
+    ("cpp_namespace: n\nstructured:\n  - op: add.out\n", 3,
+     "'add.out': CPU's impl() calls at::native::add_stub (ATen/native/BinaryOps.h), which has no openreg kernel: "
+     "set 'cpu_kernels: true' under 'stubs' (CPU's kernel of every stub that takes a TensorIterator, on device "
+     "memory) or add '- {stub: add_stub, kernel: ...}' under stubs.kernels"),
     ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
      "'neg' is already bound in kernels at line 3"),
     # cpu_kernels
@@ -295,6 +314,32 @@ def test_stub_discovery_finds_every_declared_stub_with_its_header():
     assert (fill.namespace, fill.header, fill.params) == (
         "at::native", "ATen/native/Fill.h", ("TensorIterator&", "const Scalar&"))
     assert stubs["add_stub"].params == ("TensorIteratorBase&", "const Scalar&")
+
+
+@X86_64
+def test_the_stubs_an_impl_calls_are_read_from_libtorch_cpu():
+    from codegen.stub_calls import impl_stub_calls
+
+    calls = impl_stub_calls()
+    assert calls["at::native::structured_neg_out"] == {"neg_stub"}
+    assert calls["at::native::structured_linalg_cross_out"] == {"cross_stub"}  # not named after the group
+    assert "and_stub" in calls["at::native::structured_all_out"]  # from its helper allany_impl
+    assert "scatter_fill_stub" in calls["at::native::structured_scatter_value_out"]
+    assert calls["at::native::structured_tril_cpu"] == frozenset()  # CPU loops of its own, no stub
+
+
+def test_a_structured_group_whose_stubs_have_kernels_loads(tmp_path):
+    cfg = load(write(tmp_path, "cpp_namespace: n\nstubs:\n  cpu_kernels: true\n  kernels:\n"
+                     "    - {stub: cross_stub, kernel: cross_kernel}\nstructured:\n  - op: linalg_cross.out\n  - op: all.out\n"))
+    assert [s.route for s in cfg.structured] == [Route.structured, Route.structured]
+
+
+def test_without_libtorch_cpus_code_the_stub_named_after_the_group_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr("codegen.load.impl_stub_calls", lambda: None)
+    with pytest.raises(YamlError, match=r"calls at::native::cumsum_stub \(ATen/native/ReduceOps.h\), which takes"):
+        load(write(tmp_path, "cpp_namespace: n\nstructured:\n  - op: cumsum.out\n"))
+    # What the names cannot tell: cross_stub, and TensorIterator stubs.
+    load(write(tmp_path, "cpp_namespace: n\nstructured:\n  - op: linalg_cross.out\n  - op: add.out\n"))
 
 
 def test_sparse_fallback_is_registered_for_both_sparse_keys(tmp_path):
