@@ -35,7 +35,7 @@ from codegen.native import (
     sparse_kernels_behind_composites,
     structured_groups,
 )
-from codegen.sources import defined_functions
+from codegen.sources import defined_functions, source_files
 from codegen.stub_calls import impl_stub_calls
 from codegen.stubs import StubDecl, declared_stubs, stubs_with_cpu_kernel
 from torchgen.model import (
@@ -527,7 +527,8 @@ class _Reader:
                 f"the kernel source directory {self.csrc_dir} does not exist: the codegen checks that "
                 "every kernel the yaml names is defined there; pass --csrc-dir",
             )
-        defined = defined_functions(self.csrc_dir)
+        sources = source_files(self.csrc_dir)
+        defined = defined_functions(sources)
         for name, loc in named:
             if name not in defined:
                 raise YamlError(
@@ -535,6 +536,17 @@ class _Reader:
                     f"kernel '{name}' is not defined in any file under {self.csrc_dir}; write "
                     f"'{name}' in namespace {cfg.cpp_namespace} (the generated {NATIVE_HEADER} declares it) "
                     "or fix the name",
+                )
+            # The header makes a definition without a declaration before it a
+            # compile error (codegen/templates/OpenRegNativeFunctions.h).
+            files = [f for f in sources if name in f.definitions]
+            if not any(NATIVE_HEADER in f.includes for f in files):
+                raise YamlError(
+                    loc,
+                    f"kernel '{name}' is defined in {os.path.relpath(files[0].path, self.csrc_dir)}, which does not "
+                    f"include the generated {NATIVE_HEADER}: include it there, so that the compiler checks the "
+                    "definition against the declaration the registrations call (with other parameter types it "
+                    "would be another function, and the extension would fail to load)",
                 )
         for st in cfg.stubs:
             want = st.decl.params

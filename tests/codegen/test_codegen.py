@@ -13,7 +13,9 @@ from codegen.cli import main, run
 from codegen.emit import generate
 from codegen.emit.routes import bindings
 from codegen.load import load, load_text
+from codegen.cpp import NATIVE_HEADER
 from codegen.model import Route, YamlError
+from codegen.stubs import torch_include_dir
 
 # The stubs an impl() calls are read from x86-64 code (codegen/stub_calls.py);
 # elsewhere only those named after the group are checked.
@@ -237,6 +239,7 @@ def test_yaml_errors_name_file_and_line(tmp_path, text, line, fragment):
 
 
 KERNELS_CPP = """
+#include "OpenRegNativeFunctions.h"
 namespace n {
 void neg_kernel(at::TensorIterator& iter) {}
 void add_kernel(at::TensorIteratorBase& iter, const at::Scalar& alpha) {}
@@ -274,6 +277,63 @@ def test_kernel_that_no_file_defines_is_an_error(tmp_path):
 def test_a_commented_out_definition_does_not_count(tmp_path):
     err = definition_error(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: commented_out\n")
     assert "kernel 'commented_out' is not defined" in err.message
+
+
+def test_a_kernel_defined_in_a_file_without_the_generated_header_is_an_error(tmp_path):
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "kernels.cpp").write_text(KERNELS_CPP.replace('#include "OpenRegNativeFunctions.h"\n', ""))
+    with pytest.raises(YamlError) as info:
+        load(write(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_impl\n"), str(csrc))
+    assert info.value.loc.line == 3
+    assert info.value.message.startswith(
+        "kernel 'view_impl' is defined in kernels.cpp, which does not include the generated "
+        "OpenRegNativeFunctions.h: include it there, so that the compiler checks the definition"
+    )
+
+
+def compile_against_generated_header(tmp_path, yaml_text: str, source: str) -> subprocess.CompletedProcess:
+    """Compiles (syntax only, as setup.py's C++ standard) one unit that includes
+    the OpenRegNativeFunctions.h generated for `yaml_text`."""
+    (tmp_path / NATIVE_HEADER).write_text(generate(load(write(tmp_path, yaml_text)))[NATIVE_HEADER])
+    (tmp_path / "unit.cpp").write_text(source)
+    include = torch_include_dir()
+    return subprocess.run(
+        [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", f"-I{tmp_path}", f"-I{include}",
+         f"-I{os.path.join(include, 'torch', 'csrc', 'api', 'include')}", str(tmp_path / "unit.cpp")],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_a_kernel_with_other_parameter_types_than_its_declaration_does_not_compile(tmp_path):
+    """Without the header's pragma the mismatched definition is an overload:
+    the unit compiles, the registration's call of the declared reshape_alias
+    links against nothing, and every `import torch` fails on the autoloaded
+    extension's undefined symbol."""
+    result = compile_against_generated_header(
+        tmp_path,
+        "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_impl\n  - op: _reshape_alias\n    kernel: reshape_alias\n",
+        textwrap.dedent("""
+            #include "OpenRegNativeFunctions.h"
+            namespace n {
+            static int64_t static_helper(int64_t x) { return x; }
+            namespace {
+            int64_t anonymous_helper(int64_t x) { return x; }
+            }
+            at::Tensor view_impl(const at::Tensor& self, at::IntArrayRef size) {
+              return self.view(static_helper(anonymous_helper(size[0])));
+            }
+            // The declaration takes IntArrayRef.
+            at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+              return self;
+            }
+            }
+        """),
+    )
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr
+    assert "no previous declaration for" in errors[0] and "n::reshape_alias(" in errors[0], errors[0]
 
 
 def test_structured_impl_must_be_defined(tmp_path):
