@@ -35,7 +35,8 @@ from codegen.native import (
     sparse_kernels_behind_composites,
     structured_groups,
 )
-from codegen.sources import defined_functions
+from codegen.sources import defined_functions, source_files
+from codegen.stub_calls import impl_stub_calls
 from codegen.stubs import StubDecl, declared_stubs, stubs_with_cpu_kernel
 from torchgen.model import (
     BaseTy,
@@ -386,23 +387,31 @@ class _Reader:
 
     def check_structured_stubs(self, cfg: BackendConfig) -> None:
         """A structured group whose CPU impl() runs on the device tensors
-        reaches the device through its stubs: the one named after it that takes
-        tensors (not an iterator) needs an openreg kernel, since CPU's kernel
-        of such a stub cannot be given device memory."""
+        reaches the device through the stubs that impl() calls: each needs a
+        PrivateUse1 kernel, or torch's DispatchStub fails at run time with
+        "missing kernel for openreg"."""
         served = {st.decl.name for st in cfg.stubs}
-        declared = declared_stubs()
         for s in cfg.structured:
             if s.route is not Route.structured:
                 continue
-            for decl in tensor_stubs_of(s.group, declared):
-                if decl.name not in served:
+            for decl in stubs_called_by(s):
+                if decl.name in served:
+                    continue
+                called = f"'{s.name}': CPU's impl() calls {decl.qualified_name} ({decl.header})"
+                if cpu_kernel_runs_on_device_memory(decl):
                     raise YamlError(
                         s.loc,
-                        f"'{s.name}': CPU's impl() calls {decl.qualified_name} ({decl.header}), which takes "
-                        f"({', '.join(decl.params or ())}) rather than a TensorIterator, so it needs an openreg "
-                        f"kernel: name one under stubs.kernels, give the group an openreg 'impl', or run CPU's "
-                        "impl() on CPU aliases with 'on_cpu_aliases: true'",
+                        f"{called}, which has no openreg kernel: set 'cpu_kernels: true' under 'stubs' (CPU's "
+                        f"kernel of every stub that takes a TensorIterator, on device memory) or add "
+                        f"'- {{stub: {decl.name}, kernel: ...}}' under stubs.kernels",
                     )
+                raise YamlError(
+                    s.loc,
+                    f"{called}, which {_why_not_cpus_kernel(decl)}, so it needs an openreg kernel: add "
+                    f"'- {{stub: {decl.name}, kernel: ...}}' under stubs.kernels (a function in {cfg.cpp_namespace} "
+                    "with the stub's parameter types), give the group an openreg 'impl', or run CPU's impl() on "
+                    "CPU aliases with 'on_cpu_aliases: true'",
+                )
 
     def custom_ops(self, top: dict[str, Any]) -> tuple[CustomOp, ...]:
         out = []
@@ -518,7 +527,8 @@ class _Reader:
                 f"the kernel source directory {self.csrc_dir} does not exist: the codegen checks that "
                 "every kernel the yaml names is defined there; pass --csrc-dir",
             )
-        defined = defined_functions(self.csrc_dir)
+        sources = source_files(self.csrc_dir)
+        defined = defined_functions(sources)
         for name, loc in named:
             if name not in defined:
                 raise YamlError(
@@ -526,6 +536,17 @@ class _Reader:
                     f"kernel '{name}' is not defined in any file under {self.csrc_dir}; write "
                     f"'{name}' in namespace {cfg.cpp_namespace} (the generated {NATIVE_HEADER} declares it) "
                     "or fix the name",
+                )
+            # The header makes a definition without a declaration before it a
+            # compile error (codegen/templates/OpenRegNativeFunctions.h).
+            files = [f for f in sources if name in f.definitions]
+            if not any(NATIVE_HEADER in f.includes for f in files):
+                raise YamlError(
+                    loc,
+                    f"kernel '{name}' is defined in {os.path.relpath(files[0].path, self.csrc_dir)}, which does not "
+                    f"include the generated {NATIVE_HEADER}: include it there, so that the compiler checks the "
+                    "definition against the declaration the registrations call (with other parameter types it "
+                    "would be another function, and the extension would fail to load)",
                 )
         for st in cfg.stubs:
             want = st.decl.params
@@ -693,16 +714,37 @@ def cpu_kernel_runs_on_device_memory(decl: StubDecl) -> bool:
     )
 
 
-def tensor_stubs_of(g: NativeFunctionsGroup, declared: dict[str, StubDecl]) -> list[StubDecl]:
-    """The stubs named after a structured group (`cumsum_stub`, `sort_stub`,
-    `avg_pool2d_kernel`) that take tensors rather than an iterator: those its
-    CPU impl() calls by torch's naming. torch's headers do not say which
-    stubs an impl() calls; this is the part the name tells."""
-    root = g.root_name.lstrip("_")
-    found = [declared.get(f"{root}_stub"), declared.get(f"{root}_kernel")]
+def _why_not_cpus_kernel(decl: StubDecl) -> str:
+    """Why CPU's kernel of a stub cannot serve openreg (the reasons
+    cpu_kernel_runs_on_device_memory checks)."""
+    params = decl.params
+    if params is None:
+        return f"has a type the codegen cannot read ({decl.fn_type})"
+    if not params or params[0] not in _ITERATORS:
+        return f"takes ({', '.join(params)}) rather than a TensorIterator"
+    if any("Generator" in p for p in params):
+        return "takes a Generator (CPU's kernel would draw from CPU's generator)"
+    if "/quantized/" in decl.header:
+        return "is a quantized stub"
+    return "has no CPU kernel in this build of torch"
+
+
+def stubs_called_by(s: StructuredEntry) -> list[StubDecl]:
+    """The stubs CPU's impl() of a structured group calls, read from
+    libtorch_cpu's machine code (codegen/stub_calls.py). Where it cannot be
+    read (not x86-64), the stubs named after the group (`cumsum_stub`,
+    `sort_stub`, `avg_pool2d_kernel`) that take tensors rather than an
+    iterator: what torch's naming tells, which misses linalg_cross's
+    cross_stub."""
+    declared = declared_stubs()
+    calls = impl_stub_calls()
+    if calls is not None and s.parent_class in calls:
+        return [declared[name] for name in sorted(calls[s.parent_class])]
+    root = s.group.root_name.lstrip("_")
+    named = [declared.get(f"{root}_stub"), declared.get(f"{root}_kernel")]
     return [
         d
-        for d in found
+        for d in named
         if d is not None
         and d.name in stubs_with_cpu_kernel()  # one torch uses
         and not (d.params and d.params[0] in _ITERATORS)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from codegen.stubs import normalize_param, split_params
 
 _COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
 _CALL = re.compile(r"([A-Za-z_]\w*)\s*\(")
 _AFTER_PARAMS = re.compile(r"\s*(?:const\s*|noexcept\s*|override\s*)*\{")
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"\n]+)[>"]', re.M)
+_ENDS_TYPE = re.compile(r"[\w&*>]")
 _NOT_A_DEFINITION = {"if", "for", "while", "switch", "return", "sizeof", "catch", "decltype"}
 SOURCE_SUFFIXES = (".cpp", ".cc", ".h", ".hpp")
 
@@ -29,9 +32,13 @@ def _definitions_in(text: str) -> dict[str, list[tuple[str, ...]]]:
         name = m.group(1)
         if name in _NOT_A_DEFINITION:
             continue
-        before = text[: m.start()].rstrip()
         # A definition's name follows its return type, not an operator or '.'/'->'.
-        if not before or not re.search(r"[\w&*>]$", before) or before.endswith("->"):
+        # Read back from the name in place: a copy of the text before each name
+        # would make the scan quadratic in the file's length.
+        end = m.start()
+        while end and text[end - 1].isspace():
+            end -= 1
+        if not end or not _ENDS_TYPE.match(text, end - 1) or text.endswith("->", 0, end):
             continue
         depth, i = 0, m.end() - 1
         while i < len(text):
@@ -51,15 +58,34 @@ def _definitions_in(text: str) -> dict[str, list[tuple[str, ...]]]:
     return found
 
 
-def defined_functions(root: str) -> dict[str, list[tuple[str, ...]]]:
-    """Function name -> the normalized parameter types of each definition."""
-    found: dict[str, list[tuple[str, ...]]] = {}
+@dataclass(frozen=True)
+class SourceFile:
+    path: str
+    # Function name -> the normalized parameter types of each definition.
+    definitions: dict[str, list[tuple[str, ...]]]
+    includes: frozenset[str]  # the file names it #includes ("OpenRegNativeFunctions.h")
+
+
+def source_files(root: str) -> list[SourceFile]:
+    """Every C++ file under `root`, in a stable order."""
+    out = []
     for dirpath, dirnames, files in os.walk(root):
         dirnames.sort()
         for name in sorted(files):
             if not name.endswith(SOURCE_SUFFIXES):
                 continue
-            with open(os.path.join(dirpath, name), encoding="utf-8", errors="replace") as f:
-                for fn, sigs in _definitions_in(f.read()).items():
-                    found.setdefault(fn, []).extend(sigs)
+            path = os.path.join(dirpath, name)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+            includes = frozenset(os.path.basename(m.group(1)) for m in _INCLUDE.finditer(text))
+            out.append(SourceFile(path, _definitions_in(text), includes))
+    return out
+
+
+def defined_functions(sources: list[SourceFile]) -> dict[str, list[tuple[str, ...]]]:
+    """Function name -> the normalized parameter types of each definition in `sources`."""
+    found: dict[str, list[tuple[str, ...]]] = {}
+    for source in sources:
+        for fn, sigs in source.definitions.items():
+            found.setdefault(fn, []).extend(sigs)
     return found

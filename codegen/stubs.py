@@ -13,8 +13,9 @@ import functools
 import importlib.util
 import os
 import re
-import subprocess
 from dataclasses import dataclass
+
+from codegen.elf import shared_library
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _TOKEN = re.compile(r"\bnamespace\s+([A-Za-z_][\w:]*)\s*\{|\bnamespace\s*\{|[{}]")
@@ -56,7 +57,7 @@ def torch_lib_dir() -> str:
 
 # The static member DECLARE_DISPATCH's DispatchStub holds the CPU kernel in
 # (DispatchStub.h), mangled: ..._DECLARE_DISPATCH_typeEE7DEFAULTE.
-_CPU_KERNEL_SYMBOL = re.compile(r"(\w+?)_DECLARE_DISPATCH_typeEE7DEFAULTE\b")
+_CPU_KERNEL_SUFFIX = "_DECLARE_DISPATCH_typeEE7DEFAULTE"
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,16 +66,13 @@ def stubs_with_cpu_kernel(lib_dir: str | None = None) -> frozenset[str]:
     build): those whose DEFAULT kernel pointer it defines. A stub that is
     declared but has none in this build (min_elementwise_stub) cannot lend its
     CPU kernel, and its pointer would not even link. Read from the library's
-    dynamic symbols with binutils' nm, which the compiler's toolchain has."""
-    lib = os.path.join(lib_dir or torch_lib_dir(), "libtorch_cpu.so")
-    try:
-        out = subprocess.run(
-            ["nm", "-D", "--defined-only", lib], check=True, capture_output=True, text=True
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise RuntimeError(f"cannot list the symbols of {lib} with nm (binutils): {e}") from None
-    # The name is mangled with its length in front: "30abs_stub".
-    return frozenset(re.sub(r"^\d+", "", m.group(1).rsplit("ENS0_", 1)[-1]) for m in _CPU_KERNEL_SYMBOL.finditer(out))
+    dynamic symbols."""
+    lib = shared_library(os.path.join(lib_dir or torch_lib_dir(), "libtorch_cpu.so"))
+    names = lib.dynamic_symbols.defined_matching(rb"\w+" + _CPU_KERNEL_SUFFIX.encode())
+    # The stub's name is mangled with its length in front: "...ENS0_30abs_stub".
+    return frozenset(
+        re.sub(r"^\d+", "", name.decode().removesuffix(_CPU_KERNEL_SUFFIX).rsplit("ENS0_", 1)[-1]) for name in names
+    )
 
 
 def split_params(text: str) -> list[str]:

@@ -184,6 +184,7 @@ def test_random_yaml_loads_or_is_refused_with_a_located_error(text):
 
 
 KERNELS_CPP = """
+#include "OpenRegNativeFunctions.h"
 namespace n {
 void neg_kernel(at::TensorIteratorBase& iter) {}
 void add_kernel(at::TensorIteratorBase& iter, const at::Scalar& alpha) {}

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from torch.jit._builtins import _find_builtin
 from torch.testing import assert_close
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_map
@@ -22,33 +23,96 @@ DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, to
 SAMPLES_PER_DTYPE = 6
 
 CONFIG = load(os.path.join(ROOT, "backend_functions.yaml"))
-STRUCTURED_ROOTS = {s.group.root_name for s in CONFIG.structured}
+
+# OpInfos whose function torch's metadata does not tie to the aten operator it
+# calls: Tensor.__getitem__ (x[tensor] is aten::index) and
+# nn.functional.threshold (a Python function named _threshold).
+UNNAMED_OPERATORS = {"__getitem__": {"index"}, "nn.functional.threshold": {"threshold"}}
 
 
-def root_of(opinfo_name: str) -> str:
-    """The native root name an OpInfo exercises: "special.i0e" -> "special_i0e",
-    "nn.functional.silu" -> "silu"."""
-    if opinfo_name == "__getitem__":
-        return "index"  # x[tensor] is aten::index
-    if opinfo_name.startswith("special."):
-        return opinfo_name.replace(".", "_")
-    return opinfo_name.split(".")[-1]
+def aten_names(op) -> set[str]:
+    """The aten operators an OpInfo is about, from torch's metadata rather than
+    from its name: its aten_name ("linalg.cross" has "linalg_cross"), the
+    operators torch binds its function and its aliases' functions to (torch.jit's
+    table of builtins: torch.special.airy_ai is aten::special_airy_ai), and its
+    function's own name (nn.functional.silu and masked.sum are Python functions
+    named after the operator they call)."""
+    names = {op.aten_name, getattr(op.op, "__name__", ""), *UNNAMED_OPERATORS.get(op.name, ())}
+    for fn in (op.op, *(alias.op for alias in op.aliases)):
+        builtin = _find_builtin(fn)
+        if builtin is not None and builtin.startswith("aten::"):
+            names.add(builtin.removeprefix("aten::"))
+    return names
 
 
-# Sparse OpInfos (sparse.mm for mm) build sparse inputs, which reach the sparse
-# CPU fallback rather than a structured kernel; tests/test_opinfo.py compares them.
-OPINFOS = sorted(
-    (op for op in op_db if root_of(op.name) in STRUCTURED_ROOTS and not op.name.startswith("sparse.")),
-    key=lambda op: (op.name, op.variant_test_name),
-)
+def opinfos_for(roots: set[str]) -> list:
+    """The OpInfos about the structured groups named `roots` (root names:
+    "linalg_cross" for linalg_cross.out). Sparse OpInfos (sparse.mm for mm)
+    build sparse inputs, which reach the sparse CPU fallback rather than a
+    structured kernel; tests/test_opinfo.py compares them."""
+    return sorted(
+        (op for op in op_db if aten_names(op) & roots and not op.name.startswith("sparse.")),
+        key=lambda op: (op.name, op.variant_test_name),
+    )
+
+
+OPINFOS = opinfos_for({s.group.root_name for s in CONFIG.structured})
+
+
+def table_tested() -> set[str]:
+    """The structured out= operators tests/test_structured.py's tables test."""
+    from tests.test_structured import BACKWARD, BINARY, ON_ALIASES, REDUCTIONS, UNARY
+
+    return {*BINARY, *UNARY, *REDUCTIONS, *BACKWARD, *ON_ALIASES}
+
+
+def untested(entries) -> list:
+    """The structured entries with neither OpInfo samples nor a table test."""
+    covered = {root for op in opinfos_for({s.group.root_name for s in entries}) for root in aten_names(op)}
+    tables = {name.split(".")[0] for name in table_tested()}
+    return [s for s in entries if s.group.root_name not in covered | tables]
+
+
+def untested_message(entries) -> str:
+    ops = ", ".join(f"{s.name} (line {s.loc.line})" for s in entries)
+    return (
+        f"structured groups of {os.path.basename(CONFIG.source)} that no test compares with CPU: {ops}. No OpInfo "
+        "of torch's op_db is about their operators (by aten_name, the aten operator its function or an alias is "
+        "bound to, or its function's name): add each to a table of tests/test_structured.py (BINARY, UNARY, "
+        "REDUCTIONS, BACKWARD or ON_ALIASES), or, if an OpInfo calls it under another name, map that OpInfo's "
+        "name to the operator in UNNAMED_OPERATORS (tests/test_structured_opinfo.py)"
+    )
 
 
 def test_every_structured_group_has_opinfo_samples_or_a_table_test():
-    from tests.test_structured import BACKWARD, BINARY, ON_ALIASES, REDUCTIONS, UNARY
+    missing = untested(CONFIG.structured)
+    assert not missing, untested_message(missing)
 
-    covered = {root_of(op.name) for op in OPINFOS}
-    covered |= {name.split(".")[0] for name in (*BINARY, *UNARY, *REDUCTIONS, *BACKWARD, *ON_ALIASES)}
-    assert STRUCTURED_ROOTS - covered == set()
+
+def test_opinfos_are_found_by_the_aten_operator_they_are_about():
+    def names(root):
+        return {op.name for op in opinfos_for({root})}
+
+    assert "linalg.cross" in names("linalg_cross") and "linalg.cross" not in names("cross")
+    assert "linalg.vector_norm" in names("linalg_vector_norm")
+    assert "linalg.norm" not in names("norm")  # aten::linalg_norm, which calls linalg_vector_norm
+    assert "special.airy_ai" in names("special_airy_ai")
+    assert {"nn.functional.silu", "nn.functional.threshold"} <= names("silu") | names("threshold")
+    assert "__getitem__" in names("index")
+    assert "max" in names("maximum")  # its binary variant, whose alias is torch.maximum
+
+
+def test_a_group_no_test_covers_is_named_with_its_line_and_what_to_do(tmp_path):
+    path = tmp_path / "backend_functions.yaml"
+    path.write_text(
+        "cpp_namespace: n\nstubs:\n  kernels:\n    - {stub: cross_stub, kernel: cross_kernel}\nstructured:\n"
+        "  - op: linalg_cross.out\n  - op: _convert_indices_from_coo_to_csr.out\n"
+    )
+    missing = untested(load(str(path)).structured)
+    assert [str(s.name) for s in missing] == ["_convert_indices_from_coo_to_csr.out"]
+    message = untested_message(missing)
+    assert "_convert_indices_from_coo_to_csr.out (line 7)" in message
+    assert "add each to a table of tests/test_structured.py" in message
 
 
 def to_device(x):

@@ -2,6 +2,7 @@
 name the file and line and write nothing."""
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,13 @@ from codegen.cli import main, run
 from codegen.emit import generate
 from codegen.emit.routes import bindings
 from codegen.load import load, load_text
+from codegen.cpp import NATIVE_HEADER
 from codegen.model import Route, YamlError
+from codegen.stubs import torch_include_dir
+
+# The stubs an impl() calls are read from x86-64 code (codegen/stub_calls.py);
+# elsewhere only those named after the group are checked.
+X86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="reads libtorch_cpu's x86-64 code")
 
 MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
 
@@ -155,6 +162,20 @@ ERROR_CASES = [
      "'cumsum.out': CPU's impl() calls at::native::cumsum_stub (ATen/native/ReduceOps.h)"),
     ("cpp_namespace: n\nstructured:\n  - op: sort.values_stable\n", 3,
      "calls at::native::sort_stub"),
+    # The stubs an impl() calls are read from libtorch_cpu's code: linalg_cross's
+    # is not named after it, all.out's impl() calls its stub from a helper.
+    pytest.param("cpp_namespace: n\nstubs:\n  cpu_kernels: true\nstructured:\n  - op: neg.out\n  - op: linalg_cross.out\n", 6,
+                 "'linalg_cross.out': CPU's impl() calls at::native::cross_stub (ATen/native/Cross.h), which takes "
+                 "(const Tensor&, const Tensor&, const Tensor&, const int64_t) rather than a TensorIterator, so it "
+                 "needs an openreg kernel: add '- {stub: cross_stub, kernel: ...}' under stubs.kernels (a function "
+                 "in n with the stub's parameter types)", marks=X86_64),
+    pytest.param("cpp_namespace: n\nstructured:\n  - op: all.out\n", 3,
+                 "'all.out': CPU's impl() calls at::native::and_stub (ATen/native/ReduceOps.h), which has no openreg "
+                 "kernel: set 'cpu_kernels: true' under 'stubs'", marks=X86_64),
+    ("cpp_namespace: n\nstructured:\n  - op: add.out\n", 3,
+     "'add.out': CPU's impl() calls at::native::add_stub (ATen/native/BinaryOps.h), which has no openreg kernel: "
+     "set 'cpu_kernels: true' under 'stubs' (CPU's kernel of every stub that takes a TensorIterator, on device "
+     "memory) or add '- {stub: add_stub, kernel: ...}' under stubs.kernels"),
     ("cpp_namespace: n\nkernels:\n  - op: neg\n    kernel: k\nstructured:\n  - op: neg.out\n", 6,
      "'neg' is already bound in kernels at line 3"),
     # cpu_kernels
@@ -218,6 +239,7 @@ def test_yaml_errors_name_file_and_line(tmp_path, text, line, fragment):
 
 
 KERNELS_CPP = """
+#include "OpenRegNativeFunctions.h"
 namespace n {
 void neg_kernel(at::TensorIterator& iter) {}
 void add_kernel(at::TensorIteratorBase& iter, const at::Scalar& alpha) {}
@@ -255,6 +277,63 @@ def test_kernel_that_no_file_defines_is_an_error(tmp_path):
 def test_a_commented_out_definition_does_not_count(tmp_path):
     err = definition_error(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: commented_out\n")
     assert "kernel 'commented_out' is not defined" in err.message
+
+
+def test_a_kernel_defined_in_a_file_without_the_generated_header_is_an_error(tmp_path):
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "kernels.cpp").write_text(KERNELS_CPP.replace('#include "OpenRegNativeFunctions.h"\n', ""))
+    with pytest.raises(YamlError) as info:
+        load(write(tmp_path, "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_impl\n"), str(csrc))
+    assert info.value.loc.line == 3
+    assert info.value.message.startswith(
+        "kernel 'view_impl' is defined in kernels.cpp, which does not include the generated "
+        "OpenRegNativeFunctions.h: include it there, so that the compiler checks the definition"
+    )
+
+
+def compile_against_generated_header(tmp_path, yaml_text: str, source: str) -> subprocess.CompletedProcess:
+    """Compiles (syntax only, as setup.py's C++ standard) one unit that includes
+    the OpenRegNativeFunctions.h generated for `yaml_text`."""
+    (tmp_path / NATIVE_HEADER).write_text(generate(load(write(tmp_path, yaml_text)))[NATIVE_HEADER])
+    (tmp_path / "unit.cpp").write_text(source)
+    include = torch_include_dir()
+    return subprocess.run(
+        [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", f"-I{tmp_path}", f"-I{include}",
+         f"-I{os.path.join(include, 'torch', 'csrc', 'api', 'include')}", str(tmp_path / "unit.cpp")],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_a_kernel_with_other_parameter_types_than_its_declaration_does_not_compile(tmp_path):
+    """Without the header's pragma the mismatched definition is an overload:
+    the unit compiles, the registration's call of the declared reshape_alias
+    links against nothing, and every `import torch` fails on the autoloaded
+    extension's undefined symbol."""
+    result = compile_against_generated_header(
+        tmp_path,
+        "cpp_namespace: n\nkernels:\n  - op: view\n    kernel: view_impl\n  - op: _reshape_alias\n    kernel: reshape_alias\n",
+        textwrap.dedent("""
+            #include "OpenRegNativeFunctions.h"
+            namespace n {
+            static int64_t static_helper(int64_t x) { return x; }
+            namespace {
+            int64_t anonymous_helper(int64_t x) { return x; }
+            }
+            at::Tensor view_impl(const at::Tensor& self, at::IntArrayRef size) {
+              return self.view(static_helper(anonymous_helper(size[0])));
+            }
+            // The declaration takes IntArrayRef.
+            at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+              return self;
+            }
+            }
+        """),
+    )
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr
+    assert "no previous declaration for" in errors[0] and "n::reshape_alias(" in errors[0], errors[0]
 
 
 def test_structured_impl_must_be_defined(tmp_path):
@@ -295,6 +374,32 @@ def test_stub_discovery_finds_every_declared_stub_with_its_header():
     assert (fill.namespace, fill.header, fill.params) == (
         "at::native", "ATen/native/Fill.h", ("TensorIterator&", "const Scalar&"))
     assert stubs["add_stub"].params == ("TensorIteratorBase&", "const Scalar&")
+
+
+@X86_64
+def test_the_stubs_an_impl_calls_are_read_from_libtorch_cpu():
+    from codegen.stub_calls import impl_stub_calls
+
+    calls = impl_stub_calls()
+    assert calls["at::native::structured_neg_out"] == {"neg_stub"}
+    assert calls["at::native::structured_linalg_cross_out"] == {"cross_stub"}  # not named after the group
+    assert "and_stub" in calls["at::native::structured_all_out"]  # from its helper allany_impl
+    assert "scatter_fill_stub" in calls["at::native::structured_scatter_value_out"]
+    assert calls["at::native::structured_tril_cpu"] == frozenset()  # CPU loops of its own, no stub
+
+
+def test_a_structured_group_whose_stubs_have_kernels_loads(tmp_path):
+    cfg = load(write(tmp_path, "cpp_namespace: n\nstubs:\n  cpu_kernels: true\n  kernels:\n"
+                     "    - {stub: cross_stub, kernel: cross_kernel}\nstructured:\n  - op: linalg_cross.out\n  - op: all.out\n"))
+    assert [s.route for s in cfg.structured] == [Route.structured, Route.structured]
+
+
+def test_without_libtorch_cpus_code_the_stub_named_after_the_group_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr("codegen.load.impl_stub_calls", lambda: None)
+    with pytest.raises(YamlError, match=r"calls at::native::cumsum_stub \(ATen/native/ReduceOps.h\), which takes"):
+        load(write(tmp_path, "cpp_namespace: n\nstructured:\n  - op: cumsum.out\n"))
+    # What the names cannot tell: cross_stub, and TensorIterator stubs.
+    load(write(tmp_path, "cpp_namespace: n\nstructured:\n  - op: linalg_cross.out\n  - op: add.out\n"))
 
 
 def test_sparse_fallback_is_registered_for_both_sparse_keys(tmp_path):

@@ -1,5 +1,8 @@
 // Definitions the codegen looks for when it checks tests/codegen/fixture.yaml.
-// Never compiled: only the names and parameter lists matter.
+// Never compiled: only the names, the parameter lists and the include of the
+// generated header matter.
+#include "OpenRegNativeFunctions.h"
+
 namespace demo::native {
 
 at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
