@@ -35,6 +35,36 @@ def block(marker: str, language: str) -> str:
     return m.group(1)
 
 
+def printed(marker: str) -> tuple[str, list[str]]:
+    """A block of printed output in the doc: its `$ command` (or "") and the lines it shows."""
+    lines = block(marker, "").rstrip("\n").splitlines()
+    command = lines.pop(0)[2:] if lines and lines[0].startswith("$ ") else ""
+    return command, lines
+
+
+def assert_printed(marker: str, output: str) -> None:
+    """The doc's lines appear in `output` in order, spaces collapsed; "..." stands for any lines."""
+    def norm(line):
+        return " ".join(line.split())
+    actual = [norm(line) for line in output.splitlines()]
+    at = 0
+    for line in printed(marker)[1]:
+        if line.strip() == "...":
+            continue
+        want = norm(line)
+        assert want in actual[at:], f"docs/adding_an_op.md ({marker}) prints {line!r}, which the run does not:\n{output}"
+        at = actual.index(want, at) + 1
+
+
+def shell(command: str, **env: str) -> str:
+    """Runs a documented command with this interpreter as `python`, from the repository."""
+    command = re.sub(r"(^|\s)python(?=\s)", lambda m: m.group(1) + sys.executable, command)
+    result = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, **env))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
 def codegen(source: str, output: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "codegen", "--source-yaml", source, "--output-dir", output,
@@ -54,6 +84,12 @@ def test_step1_the_operator_starts_on_the_fallback():
     assert report["category"] == "fallback", report
 
 
+def test_step1_the_printed_report_and_trace_are_what_the_commands_print():
+    for marker in ("info_before", "trace_before"):
+        command, _ = printed(marker)
+        assert_printed(marker, shell(command))
+
+
 def test_step3_the_snippet_is_valid_in_the_project_yaml(snippet, tmp_path):
     project = yaml.safe_load(open(os.path.join(ROOT, "backend_functions.yaml"), encoding="utf-8"))
     for section, entries in snippet.items():
@@ -66,6 +102,7 @@ def test_step3_the_snippet_is_valid_in_the_project_yaml(snippet, tmp_path):
     assert listed["aten::renorm.out"] == ["structured", "at::native::structured_renorm_out"]
     assert listed["aten::renorm"] == ["structured", "at::native::structured_renorm_out"]
     assert listed["at::native::renorm_scale_factor_stub"][0] == "stub_cpu_kernel"
+    assert_printed("list", result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +110,11 @@ def extension(snippet) -> str:
     """Step 4: the code generated for the snippet, built like the project builds its own."""
     os.makedirs(WORK, exist_ok=True)
     source = os.path.join(WORK, "tutorial.yaml")
-    config = {"cpp_namespace": "openreg::native", **snippet, "fallback": {"global": False}}
+    # The project's yaml gives CPU's kernel to every iterator stub (renorm's
+    # impl() calls renorm_scale_factor_stub); _C registers them already, so the
+    # extension leaves out RegisterStubs.cpp.
+    config = {"cpp_namespace": "openreg::native", **snippet, "stubs": {"cpu_kernels": True},
+              "fallback": {"global": False}}
     with open(source, "w", encoding="utf-8") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     generated = os.path.join(WORK, "generated")
@@ -82,8 +123,9 @@ def extension(snippet) -> str:
     # The files that register something; the others define what _C already defines.
     sources = sorted(
         os.path.join(generated, name) for name in os.listdir(generated)
-        if name.endswith(".cpp") and re.search(r"TORCH_LIBRARY_IMPL|REGISTER_PRIVATEUSE1_DISPATCH",
-                                               open(os.path.join(generated, name)).read())
+        if name.endswith(".cpp") and name != "RegisterStubs.cpp" and re.search(
+            r"TORCH_LIBRARY_IMPL|REGISTER_PRIVATEUSE1_DISPATCH|RouteRegistration",
+            open(os.path.join(generated, name)).read())
     )
     lib = torch_openreg._C.__file__
     return load(
@@ -108,8 +150,11 @@ def run_with(extension: str, code: str) -> subprocess.CompletedProcess:
 
 
 def test_step5_info_reports_the_operator_native(extension):
-    result = run_with(extension, "from torch_openreg import info\nprint(info.classify('aten::renorm.out').category)")
-    assert result.stdout.strip() == "native"
+    command, _ = printed("info_after")
+    argv = command.split()[3:]  # after "python -m torch_openreg"
+    result = run_with(extension, f"import runpy, sys\nsys.argv = {['torch_openreg', *argv]!r}\n"
+                                 "runpy.run_module('torch_openreg', run_name='__main__')")
+    assert_printed("info_after", result.stdout)
 
 
 def test_step5_the_check_passes_and_the_trace_shows_the_kernel_and_its_stub(extension):
@@ -124,8 +169,5 @@ def test_step5_the_check_passes_and_the_trace_shows_the_kernel_and_its_stub(exte
         if not line.startswith(" "):
             break
         nested.append(line)
-    assert (
-        " [stub] op=[renorm_scale_factor_stub], key=[PrivateUse1] -> stub_cpu_kernel "
-        "openreg::native::CpuKernelOf<&renorm_scale_factor_stub>::run"
-    ) in nested
+    assert printed("trace_after")[1] == [trace[i], *nested]
     assert not any(f"op=[{OP}]" in line and "-> fallback" in line for line in trace)

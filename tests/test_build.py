@@ -66,3 +66,34 @@ def test_a_target_with_another_torch_gets_the_pinned_one(tmp_path):
     (tmp_path / "torch-2.13.0+cpu.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n")
     assert "torch==2.13.0" not in hook("get_requires_for_build_editable", str(tmp_path))
+
+
+# docs/architecture.md's layers, bottom first: a unit includes nothing from a higher one.
+LAYERS = [
+    ("runtime",),
+    ("device", "memory", "operators", "amp", "profiler", "compiler", "graphs", "ipc", "distributed"),
+    ("kernels",),
+    ("generated",),
+    ("python",),
+]
+
+
+def test_layers_only_look_down():
+    rank = {folder: i for i, layer in enumerate(LAYERS) for folder in layer}
+    csrc = os.path.join(ROOT, "csrc")
+    upward = []
+    for folder, _, files in os.walk(csrc):
+        top = os.path.relpath(folder, csrc).split(os.sep)[0]
+        if top == ".":
+            continue
+        for name in files:
+            with open(os.path.join(folder, name)) as f:
+                for line in f:
+                    included = line.removeprefix("#include \"").split("/")[0] if line.startswith("#include \"") else None
+                    if included is None:
+                        continue
+                    # The generated declarations of the yaml's kernels are the kernels' own interface.
+                    target = "kernels" if included.startswith("OpenRegNativeFunctions") else included.rstrip('"\n')
+                    if rank.get(target, -1) > rank[top]:
+                        upward.append(f"csrc/{os.path.relpath(os.path.join(folder, name), csrc)}: {line.strip()}")
+    assert not upward, "includes that look up (docs/architecture.md):\n" + "\n".join(upward)
