@@ -124,6 +124,41 @@ def test_the_environment_variable_sets_the_options_and_they_can_be_changed():
     """, settings="max_split_size_mb:64, expandable_segments:False")
 
 
+def test_cached_blocks_beyond_the_release_threshold_give_their_pages_back():
+    # Device memory is the process's memory: the resident set follows what is
+    # allocated, not what the cache holds, once the cache holds more than the
+    # threshold; the blocks stay cached (memory_reserved) and are reused.
+    run_checks("""
+        def rss():
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+        def cycle():
+            x = torch.ones(64 * MiB // 4, device="openreg:1")  # every page written
+            torch.openreg.synchronize(1)
+            ptr = x.data_ptr()
+            del x
+            torch.openreg.synchronize(1)
+            return ptr
+        ptr = cycle()
+        base = rss()
+        for i in range(2):
+            x = torch.ones(64 * MiB // 4, device="openreg:1")
+            assert x.data_ptr() == ptr  # the cached block is reused
+            torch.openreg.synchronize(1)
+            assert rss() > base + 48 * MiB, (rss(), base)  # in use: resident
+            del x
+            torch.openreg.synchronize(1)
+            assert stat("reserved_bytes.all.current") >= 64 * MiB  # still cached
+            assert rss() < base + 16 * MiB, (rss(), base)  # beyond the threshold: given back
+        torch.openreg.memory._set_allocator_settings("release_threshold_mb:1024")
+        y = torch.ones(64 * MiB // 4, device="openreg:1")
+        torch.openreg.synchronize(1)
+        del y
+        torch.openreg.synchronize(1)
+        assert rss() > base + 48 * MiB  # within the threshold: stays resident
+    """, settings="release_threshold_mb:0")
+
+
 MALFORMED = [
     ("max_split_size_mb:abc", "max_split_size_mb takes a whole number of MiB, at least 20; got 'abc'"),
     ("max_split_size_mb:10", "max_split_size_mb takes a whole number of MiB, at least 20; got '10'"),
@@ -133,7 +168,9 @@ MALFORMED = [
     ("expandable_segments:maybe", "expandable_segments takes True or False; got 'maybe'"),
     ("expandable_segments:True", "expandable_segments:True is not supported by openreg"),
     ("max_split_size:64", "unknown key 'max_split_size'. Accepted keys: max_split_size_mb, "
-                          "garbage_collection_threshold, expandable_segments"),
+                          "garbage_collection_threshold, release_threshold_mb, expandable_segments"),
+    ("release_threshold_mb:-1", "release_threshold_mb takes a whole number of MiB (0: give every cached "
+                                "block's pages back); got '-1'"),
     ("max_split_size_mb=64", "'max_split_size_mb=64' is not key:value"),
 ]
 

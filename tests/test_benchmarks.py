@@ -65,9 +65,11 @@ def test_bench_ops_reports_every_case_with_finite_positive_times(tmp_path):
     assert [r["op"] for r in copies] == ["copy h2d", "copy d2h", "copy d2d"]
     for r in copies:
         assert r["cpu_GBps"] > 0 and r["openreg_GBps"] > 0
-    # The summary accounts for every row once.
+    # The summary accounts for every row once, and so does the table per route.
     assert sum(s["cases"] for s in report["summary"]) == len(rows)
     assert "copies" in {s["group"] for s in report["summary"]}
+    assert sum(s["cases"] for s in report["routes"]) == len(rows) - len(copies)
+    assert {"fallback", "structured", "cpu_kernel"} <= {s["route"] for s in report["routes"]}
 
 
 def test_bench_models_reports_every_model_and_phase_with_its_fallbacks(tmp_path):
@@ -128,3 +130,12 @@ def test_bench_ipc_reports_both_hand_off_times(tmp_path):
     assert report["mib"] == 1
     for key in ("openreg_ms", "cpu_shared_ms", "ratio"):
         assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])
+
+
+def test_bench_memory_reports_both_peaks(tmp_path):
+    report = run_benchmark(ROOT / "benchmarks" / "bench_memory.py", tmp_path / "bench_memory.json",
+                           "--widths", "64", "--rounds", "1")
+    for device in ("cpu", "openreg"):
+        assert report[device]["peak_rss_mb"] > 100, report  # torch alone is more
+    assert report["openreg"]["peak_reserved"] > 0
+    assert math.isfinite(report["ratio"]) and report["ratio"] > 0

@@ -96,6 +96,7 @@ struct Block {
   Block* next = nullptr;
   std::unordered_set<c10::StreamId> stream_uses;
   bool oversize = false; // allocated at max_split_size or more
+  bool resident = true; // its pages may hold host memory (release_beyond_threshold gave them back otherwise)
   uint64_t free_since = 0; // the pool's lookup count when it became free (garbage collection's age)
   std::shared_ptr<c10::GatheredContext> context; // of its allocation, while recorded
 
@@ -541,6 +542,7 @@ class DeviceCache {
     }
     spare_node_ = pool.free.extract(it);
     count_inactive(*block, /*entering=*/false);
+    block->resident = true;
     return block;
   }
 
@@ -723,6 +725,7 @@ class DeviceCache {
     }
     Block* rest = make_block(block->stream, remaining, static_cast<char*>(block->ptr) + size, block->pool);
     rest->mempool = block->mempool;
+    rest->resident = block->resident;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next != nullptr) {
@@ -745,6 +748,33 @@ class DeviceCache {
   void release_to_pool(Block* block) {
     deactivate(*block);
     merge_into_pool(block);
+    if (!block->pool->small) {
+      release_beyond_threshold();
+    }
+  }
+
+  // Device memory is the process's memory: cached free large blocks beyond
+  // release_threshold_mb (OpenRegAllocatorConfig.h) give their pages back,
+  // the largest first, so resident memory follows what is allocated. Only
+  // blocks whose stream has finished its work: a kernel queued before the
+  // free may still use the memory. Private pools (graphs) keep theirs.
+  void release_beyond_threshold() {
+    const size_t threshold = allocator_config().release_threshold;
+    size_t resident = 0;
+    for (const Block* b : large_.free) {
+      resident += b->resident ? b->size : 0;
+    }
+    for (auto it = large_.free.rbegin(); it != large_.free.rend() && resident > threshold; ++it) {
+      Block* b = *it;
+      bool idle = false;
+      if (!b->resident || b->mempool != 0 ||
+          orStreamIsIdle(raw_stream(make_stream(device_, b->stream)), &idle) != orError::Success || !idle) {
+        continue;
+      }
+      OPENREG_CHECK(orMemDiscard(b->ptr, b->size));
+      b->resident = false;
+      resident -= b->size;
+    }
   }
 
   void merge_into_pool(Block* block) {
@@ -773,6 +803,7 @@ class DeviceCache {
       }
     }
     into->size += other->size;
+    into->resident = into->resident || other->resident;
     retire_block(other);
   }
 

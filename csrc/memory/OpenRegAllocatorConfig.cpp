@@ -15,11 +15,13 @@ constexpr size_t kMiB = size_t{1} << 20;
 // As CUDA's: below the large pool's 20 MiB segments a limit on splitting
 // would keep every large block whole.
 constexpr size_t kMinMaxSplitSizeMb = 20;
-constexpr const char* kKeys = "max_split_size_mb, garbage_collection_threshold, expandable_segments";
+constexpr const char* kKeys =
+    "max_split_size_mb, garbage_collection_threshold, release_threshold_mb, expandable_segments";
 
 // Read on allocation paths without a lock.
 std::atomic<size_t> max_split_size{static_cast<size_t>(-1)};
 std::atomic<double> garbage_collection_threshold{0.0};
+std::atomic<size_t> release_threshold{AllocatorConfig().release_threshold};
 
 std::mutex& settings_mutex() {
   static auto* m = new std::mutex();
@@ -71,6 +73,14 @@ AllocatorConfig parse(const std::string& settings, const char* source) {
           !value.empty() && *end == '\0' && threshold > 0.0 && threshold < 1.0, source,
           ": garbage_collection_threshold takes a number between 0 and 1 (exclusive); got '", value, "'.");
       config.garbage_collection_threshold = threshold;
+    } else if (key == "release_threshold_mb") {
+      const unsigned long long mb = std::strtoull(value.c_str(), &end, 10);
+      TORCH_CHECK_VALUE(
+          !value.empty() && std::isdigit(static_cast<unsigned char>(value[0])) && *end == '\0' &&
+              mb <= (static_cast<size_t>(-1) / kMiB),
+          source, ": release_threshold_mb takes a whole number of MiB (0: give every cached block's pages back); got '",
+          value, "'.");
+      config.release_threshold = static_cast<size_t>(mb) * kMiB;
     } else if (key == "expandable_segments") {
       TORCH_CHECK_VALUE(
           value == "False" || value == "false" || value == "True" || value == "true", source,
@@ -92,6 +102,7 @@ AllocatorConfig allocator_config() {
   AllocatorConfig config;
   config.max_split_size = max_split_size.load(std::memory_order_relaxed);
   config.garbage_collection_threshold = garbage_collection_threshold.load(std::memory_order_relaxed);
+  config.release_threshold = release_threshold.load(std::memory_order_relaxed);
   return config;
 }
 
@@ -100,6 +111,7 @@ void set_allocator_settings(const std::string& settings, const char* source) {
   const std::lock_guard<std::mutex> lock(settings_mutex());
   max_split_size.store(config.max_split_size, std::memory_order_relaxed);
   garbage_collection_threshold.store(config.garbage_collection_threshold, std::memory_order_relaxed);
+  release_threshold.store(config.release_threshold, std::memory_order_relaxed);
   last_settings() = settings;
 }
 

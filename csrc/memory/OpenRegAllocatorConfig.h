@@ -10,6 +10,13 @@
 //   (set_per_process_memory_fraction), once the reserved memory exceeds T of
 //   the allowed memory, a request that finds no cached block first returns
 //   the cached large segments that have waited longest for reuse.
+// - release_threshold_mb:N (default 64): the cached free memory of a device
+//   that stays resident; beyond it, cached free blocks whose stream is idle
+//   give their pages back to the host, keeping their address range, so the
+//   process's resident memory follows memory_allocated rather than
+//   memory_reserved (device memory is host memory here; cudaMemPool's
+//   release threshold is the same idea on CUDA). A reused block's pages are
+//   faulted in again, as for fresh CPU memory.
 // - expandable_segments:False. True is refused: the runtime maps each
 //   device's memory once, so a segment cannot grow in place.
 //
@@ -26,6 +33,7 @@ namespace openreg {
 struct AllocatorConfig {
   size_t max_split_size = static_cast<size_t>(-1); // bytes; none by default
   double garbage_collection_threshold = 0.0; // 0: off
+  size_t release_threshold = size_t{64} << 20; // bytes
 };
 
 // The options in effect (after load_allocator_config or set_allocator_settings).

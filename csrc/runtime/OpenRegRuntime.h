@@ -100,6 +100,11 @@ void orMarkKernel(int device) noexcept;
 orError orMalloc(void** ptr, size_t size);
 // Like cudaFree, waits for the device's streams first.
 orError orFree(void* ptr);
+// Gives the host back the pages of [ptr, ptr + size), a range inside one live
+// allocation, whose contents become zeros; the range stays allocated. For a
+// caching allocator's free blocks: the simulated device's memory is the
+// process's resident memory. The caller makes sure no queued work uses it.
+orError orMemDiscard(void* ptr, size_t size);
 // Page-locked ("pinned") host memory, the source and target of asynchronous copies.
 orError orMallocHost(void** ptr, size_t size);
 orError orFreeHost(void* ptr);

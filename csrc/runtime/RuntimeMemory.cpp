@@ -540,6 +540,21 @@ orError orFree(void* ptr) {
   return orError::Success;
 }
 
+orError orMemDiscard(void* ptr, size_t size) {
+  if (!live_range(ptr, size)) {
+    return orError::InvalidPointer;
+  }
+  const detail::Config* c = detail::config();
+  const uintptr_t page = page_size();
+  const uintptr_t kernel = c->kernel_base + (reinterpret_cast<uintptr_t>(ptr) - c->device_base);
+  const uintptr_t first = (kernel + page - 1) / page * page;
+  const uintptr_t last = (kernel + size) / page * page;
+  if (last > first) {
+    release_pages(first, last - first);
+  }
+  return orError::Success;
+}
+
 orError orIpcGetMemHandle(orIpcMemHandle* handle, const void* ptr) {
   if (handle == nullptr) {
     return orError::InvalidValue;
