@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 import yaml
-from torch.utils.cpp_extension import load
 
 import torch_openreg
 from torch_openreg import info
@@ -128,7 +127,7 @@ def extension(snippet) -> str:
             open(os.path.join(generated, name)).read())
     )
     lib = torch_openreg._C.__file__
-    return load(
+    options = dict(
         name="openreg_tutorial",
         sources=sources,
         extra_include_paths=[os.path.join(ROOT, "csrc"), generated],
@@ -137,6 +136,14 @@ def extension(snippet) -> str:
         build_directory=WORK,
         is_python_module=False,
     )
+    # load() also loads the library: in a process of its own, so that this
+    # one's kernels and route table stay the project's for the other tests.
+    result = subprocess.run(
+        [sys.executable, "-c", f"from torch.utils.cpp_extension import load\nprint(load(**{options!r}))"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
 
 
 def run_with(extension: str, code: str) -> subprocess.CompletedProcess:
