@@ -767,7 +767,9 @@ class DeviceCache {
     for (auto it = large_.free.rbegin(); it != large_.free.rend() && resident > threshold; ++it) {
       Block* b = *it;
       bool idle = false;
-      if (!b->resident || b->mempool != 0 ||
+      // (A negative stream id is a stream worker's own pool: kernels allocate
+      // from it as they run.)
+      if (!b->resident || b->mempool != 0 || b->stream < 0 ||
           orStreamIsIdle(raw_stream(make_stream(device_, b->stream)), &idle) != orError::Success || !idle) {
         continue;
       }
