@@ -159,6 +159,19 @@ def test_cached_blocks_beyond_the_release_threshold_give_their_pages_back():
     """, settings="release_threshold_mb:0")
 
 
+def test_blocks_freed_inside_kernels_stay_cached_under_any_release_threshold():
+    # A queued kernel that promotes an operand allocates the copy from its
+    # stream worker's own pool and frees it as it ends, on the worker.
+    run_checks("""
+        x = torch.randn(2048, 2048, device="openreg:1")
+        y = torch.randn(2048, 2048, device="openreg:1", dtype=torch.float64)
+        for _ in range(4):  # the (operator, dtypes) pair's later launches are queued
+            z = x * y
+        torch.openreg.synchronize(1)
+        assert torch.equal(z.cpu(), x.cpu() * y.cpu())
+    """, settings="release_threshold_mb:0")
+
+
 MALFORMED = [
     ("max_split_size_mb:abc", "max_split_size_mb takes a whole number of MiB, at least 20; got 'abc'"),
     ("max_split_size_mb:10", "max_split_size_mb takes a whole number of MiB, at least 20; got '10'"),
