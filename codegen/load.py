@@ -699,24 +699,16 @@ _ITERATORS = ("TensorIteratorBase&", "TensorIterator&")
 
 
 def cpu_kernel_runs_on_device_memory(decl: StubDecl) -> bool:
-    """Whether CPU's kernel of a stub can serve openreg (Route.stub_cpu_kernel):
+    """Whether CPU's kernel of a stub can serve openreg (Route.stub_cpu_kernel)."""
+    return _why_not_cpus_kernel(decl) is None
+
+
+def _why_not_cpus_kernel(decl: StubDecl) -> str | None:
+    """Why CPU's kernel of a stub cannot serve openreg, or None when it can:
     libtorch_cpu has one, it takes a TensorIterator, whose operands openreg
     points at kernel addresses, and no Generator (CPU's kernel would draw from
     CPU's generator, not the device's). Quantized stubs are left out: openreg
     has no quantized tensors."""
-    params = decl.params or ()
-    return (
-        decl.name in stubs_with_cpu_kernel()
-        and bool(params)
-        and params[0] in _ITERATORS
-        and not any("Generator" in p for p in params)
-        and "/quantized/" not in decl.header
-    )
-
-
-def _why_not_cpus_kernel(decl: StubDecl) -> str:
-    """Why CPU's kernel of a stub cannot serve openreg (the reasons
-    cpu_kernel_runs_on_device_memory checks)."""
     params = decl.params
     if params is None:
         return f"has a type the codegen cannot read ({decl.fn_type})"
@@ -726,7 +718,9 @@ def _why_not_cpus_kernel(decl: StubDecl) -> str:
         return "takes a Generator (CPU's kernel would draw from CPU's generator)"
     if "/quantized/" in decl.header:
         return "is a quantized stub"
-    return "has no CPU kernel in this build of torch"
+    if decl.name not in stubs_with_cpu_kernel():
+        return "has no CPU kernel in this build of torch"
+    return None
 
 
 def stubs_called_by(s: StructuredEntry) -> list[StubDecl]:

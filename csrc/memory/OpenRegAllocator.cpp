@@ -760,6 +760,13 @@ class DeviceCache {
   // free may still use the memory. Private pools (graphs) keep theirs.
   void release_beyond_threshold() {
     const size_t threshold = allocator_config().release_threshold;
+    // The large pool's free bytes bound its resident free bytes: below the
+    // threshold (the usual case) no block needs looking at.
+    const auto large = static_cast<size_t>(StatType::LARGE_POOL);
+    const int64_t free_bytes = stats_.reserved_bytes[large].current - stats_.active_bytes[large].current;
+    if (free_bytes <= 0 || static_cast<size_t>(free_bytes) <= threshold) {
+      return;
+    }
     size_t resident = 0;
     for (const Block* b : large_.free) {
       resident += b->resident ? b->size : 0;

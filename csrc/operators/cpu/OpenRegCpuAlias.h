@@ -199,6 +199,9 @@ class CpuAliases {
   // `staged`: each alias is over a host_copy of its device storage instead
   // of the device memory itself.
   explicit CpuAliases(bool staged = false) : staged_(staged) {}
+  bool staged() const {
+    return staged_;
+  }
   CpuAliases(const CpuAliases&) = delete;
   CpuAliases& operator=(const CpuAliases&) = delete;
   ~CpuAliases() {

@@ -100,15 +100,13 @@ CpuKernelCall::CpuKernelCall(const char* op, bool accepts_cpu_tensors)
     : op_(op),
       accepts_cpu_tensors_(accepts_cpu_tensors),
       borrows_operands_(true),
-      operands_(discrete_memory()),
-      staged_(discrete_memory()) {}
+      operands_(discrete_memory()) {}
 
 CpuKernelCall::CpuKernelCall(const c10::OperatorName& op, bool accepts_cpu_tensors)
     : op_name_(&op),
       accepts_cpu_tensors_(accepts_cpu_tensors),
       borrows_operands_(false),
-      operands_(discrete_memory()),
-      staged_(discrete_memory()) {}
+      operands_(discrete_memory()) {}
 
 std::string CpuKernelCall::op_name() const {
   return op_name_ != nullptr ? c10::toString(*op_name_) : std::string(op_);
@@ -224,7 +222,7 @@ void CpuKernelCall::note(const std::optional<at::Generator>& generator, const ch
 }
 
 bool CpuKernelCall::may_queue() const {
-  if (!device_ || cpu_results_ || inside_kernel() || staged_) {
+  if (!device_ || cpu_results_ || inside_kernel() || operands_.staged()) {
     return false;
   }
   if (launch_blocking()) {
@@ -252,7 +250,7 @@ void CpuKernelCall::begin() {
   }
   orMarkKernel(device_->index()); // the CPU kernel runs here now, for utilization sampling
   marked_ = true;
-  if (cpu_results_ || staged_) {
+  if (cpu_results_ || operands_.staged()) {
     // The results belong to the CPU, or are copied to the device
     // (converted()): its allocator stays as it is.
     return;
@@ -341,7 +339,7 @@ c10::Storage CpuKernelCall::alias(const c10::Storage& storage) {
   if (!storage.device().is_privateuseone()) {
     return storage;
   }
-  return staged_ ? host_copy(storage) : cpu_alias_storage(storage);
+  return operands_.staged() ? host_copy(storage) : cpu_alias_storage(storage);
 }
 
 std::optional<at::Device> CpuKernelCall::device(const std::optional<at::Device>& device) const {
@@ -377,7 +375,7 @@ void CpuKernelCall::finish() {
     write_back(w);
   }
   written_.clear();
-  if (staged_) {
+  if (operands_.staged()) {
     // Every operand goes back, not only those the schema marks as written:
     // native_batch_norm updates its running statistics, which its schema
     // does not mark.
@@ -472,7 +470,7 @@ std::optional<at::Tensor> CpuKernelCall::converted(const at::Tensor& t) {
     }
   });
   if (operand != nullptr) {
-    if (staged_) {
+    if (operands_.staged()) {
       // It wrote the host copy (a sparse operand's member the kernel updated).
       copy_back(operand->device_storage, operand->alias.storage());
     }

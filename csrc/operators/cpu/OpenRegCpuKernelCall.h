@@ -248,8 +248,7 @@ class CpuKernelCall {
   // in-place op) is one tensor for the CPU kernel too, and a result that is
   // an operand itself returns as that operand. alias() returns references to
   // them: they never move.
-  Operands operands_;
-  const bool staged_; // discrete_memory(): operands_ are host copies
+  Operands operands_; // host copies under discrete_memory() (operands_.staged())
   c10::SmallVector<c10::StorageImpl*, 2> copied_back_;
   // Sparse operands and their sparse CPU aliases (whose members are among
   // operands_), in a list since alias() returns references to them.
