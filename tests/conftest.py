@@ -1,3 +1,4 @@
+import ast
 import contextlib
 import fcntl
 import gc
@@ -66,6 +67,20 @@ MODES = {
     # CPU operator kernels on host copies of device memory (docs/porting.md)
     "discrete": ("OPENREG_DISCRETE_MEMORY=1", re.compile(r"OPENREG_DISCRETE_MEMORY")),
 }
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In a pass of one mode (`-m queue_all`), a test file that does not name
+    the mode is not even imported (its MODES read from the source): importing
+    torch's OpInfo database or transformers for no test costs seconds per worker."""
+    mode = config.getoption("markexpr", "").strip()
+    if mode not in MODES or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    declared = re.search(r"^MODES = (\(.*?\))", collection_path.read_text(), flags=re.M)
+    try:
+        return mode not in ast.literal_eval(declared.group(1)) if declared else None
+    except (ValueError, SyntaxError):
+        return None  # _declared_modes names the mistake when the file is imported
 
 
 def _declared_modes(module) -> tuple[str, ...]:

@@ -229,6 +229,7 @@ def test_aoti_package_loads_on_the_device_index_it_is_given(packages):
 def test_cpu_package_refuses_openreg_inputs_naming_both_devices(packages):
     _, _, cpu_path = packages
     on_cpu = torch._inductor.aoti_load_package(cpu_path)
+    gc.collect()  # earlier tests' garbage, freed now rather than during the count
     torch.openreg.synchronize()
     baseline = torch.openreg.memory_allocated()
     with pytest.raises(RuntimeError, match=r"compiled for cpu, and its input 0 is on openreg:0"):

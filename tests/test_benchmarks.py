@@ -12,7 +12,7 @@ from pathlib import Path
 import model_zoo  # tests/model_zoo.py, the benchmark's models
 from torch_openreg import info
 
-MODES = ("trace",)  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_OPS = ROOT / "benchmarks" / "bench_ops.py"
@@ -35,11 +35,10 @@ def bench_ops_cases() -> list:
 
 
 def run_benchmark(script: Path, json_path: Path, *args: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-    # CI's traced run would print a line per timed call; OPENREG_FALLBACK=error
-    # would stop the fallback cases the benchmark exists to time.
-    env.pop("TORCH_SHOW_DISPATCH_TRACE", None)
-    env.pop("OPENREG_FALLBACK", None)
+    # The default configuration, whatever switches this run has: a traced run would
+    # print a line per timed call, OPENREG_FALLBACK=error stop the fallback cases.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENREG_", "TORCH_SHOW_", "TORCH_OPENREG_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     result = subprocess.run(
         [sys.executable, str(script), *args, "--json", str(json_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

@@ -7,6 +7,7 @@ in-place and out= variants (an empty out= is resized, an out= of the wrong
 dtype raises like CPU), zero-size inputs, and gradients. Each sample must
 reach openreg's kernel, not the CPU fallback."""
 
+import gc
 import os
 import re
 
@@ -361,6 +362,7 @@ def test_generated_wrappers_give_no_memory_back_to_the_cpu_allocator():
     """Fresh results use the device memory the CPU kernel allocated: no copy
     doubles the memory, and freeing the result gives all of it back."""
     a = torch.randn(256, 256, device=DEV)
+    gc.collect()  # earlier tests' garbage, freed now rather than during the count
     torch.openreg.synchronize()
     base = torch.openreg.memory_allocated()
     r = torch.cat([a, a])

@@ -1,25 +1,21 @@
 """torch.distributed on openreg tensors: the openreg_gloo backend (torch's gloo reading and
-writing device memory through CPU aliases), DistributedDataParallel against one process
-on the whole batch, and the torchrun example.
+writing device memory through CPU aliases) and DistributedDataParallel against one process
+on the whole batch (the examples under torchrun: tests/test_distributed_examples.py).
 
 The checks marked @on_every_rank run in two processes that this module launches once,
 on loopback (a FileStore in a temporary directory, gloo's TCP on 127.0.0.1): each
 process runs every check in order and records "ok" or the error, and
 test_on_two_ranks[<check>] asserts that the check passed on both ranks. Every launch
-(the two ranks, torchrun) has a hard timeout after which its processes are killed, and
-test_launches_leave_no_process_behind asserts that none outlives its launch.
-
-Children write what they report to files, never to stdout: with
-TORCH_SHOW_DISPATCH_TRACE=1 their stdout is full of trace lines.
+has a hard timeout after which its processes are killed, and
+test_launches_leave_no_process_behind asserts that none outlives it. Children write
+what they report to files, never to stdout, which the dispatch trace may fill.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
-import math
 import os
 import signal
 import subprocess
@@ -35,7 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-MODES = ("trace", "queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
+MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 2
@@ -1203,9 +1199,6 @@ def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(kept[-lines:])
 
 
-LAUNCHES: list[Launch] = []
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> tuple[list[dict], Launch]:
     directory = tmp_path_factory.mktemp("ranks")
@@ -1214,7 +1207,6 @@ def two_ranks(tmp_path_factory) -> tuple[list[dict], Launch]:
          for rank in range(WORLD)],
         directory,
     )
-    LAUNCHES.append(result)
     reports = []
     for rank in range(WORLD):
         path = directory / f"rank{rank}.json"
@@ -1258,128 +1250,9 @@ def test_a_checkpoint_saved_on_two_ranks_loads_in_one_process(two_ranks):
     torch.testing.assert_close(target["w"].cpu(), torch.arange(16.0).reshape(4, 4), rtol=0, atol=0)
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("ddp_train", REPO / "examples" / "ddp_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_torchrun_example_matches_one_process_on_the_whole_batch(tmp_path):
-    steps = 5
-    checkpoint = tmp_path / "final.pt"
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` script, this Python
-    result = launch(
-        [torchrun + ["--standalone", "--nproc-per-node", str(WORLD), "examples/ddp_train.py",
-                     "--steps", str(steps), "--save", str(checkpoint)]],
-        tmp_path,
-    )
-    LAUNCHES.append(result)
-    assert not result.timed_out and result.returncodes == [0], result.logs
-    trained = torch.load(checkpoint)
-
-    example = load_example()
-    model = example.make_model()
-    optimizer = example.make_optimizer(model.parameters())
-    for x, y in example.make_batches(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-    for name, value in model.state_dict().items():
-        assert trained[name].device.type == "cpu"
-        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6, msg=name)
-
-
-def one_process_fsdp_tp_losses(steps: int) -> list[float]:
-    """The oracle for examples/fsdp_tp_train.py: the same model and batches, one CPU
-    process, no parallelism."""
-    spec = importlib.util.spec_from_file_location("fsdp_tp_train", REPO / "examples" / "fsdp_tp_train.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    model = example.make_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for tokens in example.make_batches(steps):
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, example.VOCAB), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
-# ("dp", "tp"): tensor parallel only, FSDP only, both on four ranks (four devices each).
-@pytest.mark.parametrize("mesh", ["1x2", "2x1", "2x2"])
-def test_fsdp_tp_example_learns_as_one_process_on_the_whole_batch(tmp_path, mesh):
-    steps = 10
-    path = tmp_path / "losses.json"
-    ranks = math.prod(int(n) for n in mesh.split("x"))
-    result = launch(
-        [["env", f"OPENREG_DEVICE_COUNT={max(ranks, 2)}", sys.executable, "-m", "torch.distributed.run",
-          "--standalone", "--nproc-per-node", str(ranks),
-          "examples/fsdp_tp_train.py", "--mesh", mesh, "--steps", str(steps), "--losses", str(path)]],
-        tmp_path,
-    )
-    LAUNCHES.append(result)
-    assert not result.timed_out and result.returncodes == [0], result.logs
-    losses = json.loads(path.read_text())
-    assert losses[-1] < 0.5 * losses[0], losses
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(one_process_fsdp_tp_losses(steps)),
-                               rtol=1e-4, atol=1e-5)
-
-
-TWO_NODE_SCRIPT = """
-import json, os, sys
-import torch
-import torch.distributed as dist
-
-local = int(os.environ["LOCAL_RANK"])
-torch.openreg.set_device(local)
-dist.init_process_group()
-rank = dist.get_rank()
-t = torch.full((4,), float(rank + 1), device=f"openreg:{local}")
-dist.all_reduce(t)
-report = {"world": dist.get_world_size(), "node": int(os.environ["GROUP_RANK"]), "group": dist.group.WORLD.name(),
-          "device": str(t.device), "result": t.cpu().tolist()}
-with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
-    json.dump(report, f)
-dist.destroy_process_group()
-"""
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_torchrun_nodes_on_loopback_all_reduce_on_openreg(tmp_path):
-    # docs/integration/distributed.md's multi-node command, with both "nodes" on this host: two
-    # torchrun launches meeting at a c10d rendezvous on 127.0.0.1.
-    script = tmp_path / "all_reduce.py"
-    script.write_text(TWO_NODE_SCRIPT)
-    endpoint = f"127.0.0.1:{free_port()}"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", tmp_path.name,
-                "--max-restarts", "0"]
-    result = launch([torchrun + [str(script), str(tmp_path)] for _ in range(2)], tmp_path)
-    LAUNCHES.append(result)
-    assert not result.timed_out and result.returncodes == [0, 0], result.logs
-    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
-    assert sorted(r["node"] for r in reports) == [0, 1]
-    for r in reports:
-        assert r["world"] == 2 and r["group"] == "openreg_gloo" and r["device"].startswith("openreg:")
-        assert r["result"] == [3.0] * 4  # 1 + 2
-
-
 def test_launches_leave_no_process_behind(two_ranks):
-    # Runs last in this file (pytest keeps definition order): every launch above is done.
-    assert LAUNCHES
-    for result in LAUNCHES:
-        assert result.leftovers == [], f"processes left running: {result.leftovers}"
+    _, result = two_ranks
+    assert result.leftovers == [], f"processes left running: {result.leftovers}"
 
 
 # --- in this process ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from test_distributed import LAUNCHES, WORLD, launch
+from test_distributed import WORLD, launch
 
 MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
@@ -122,7 +122,6 @@ def run(tmp_path: Path, scenario: str, collective: str = "") -> list[dict]:
           "--collective", collective, "--directory", str(tmp_path)] for rank in range(WORLD)],
         tmp_path,
     )
-    LAUNCHES.append(result)
     assert not result.timed_out, f"the launch hung and was killed\n{result.logs}"
     assert result.leftovers == [], result.leftovers
     reports = []

@@ -3,6 +3,7 @@ runs torch's SparseCPU / SparseCsrCPU kernel on their indices and values in
 device memory (the sparse CPU fallback), so results are CPU's, bit for bit,
 and stay sparse openreg tensors. CPU is the oracle throughout."""
 
+import gc
 import io
 import os
 import subprocess
@@ -397,6 +398,7 @@ def test_sparse_operators_are_traced_under_their_dispatch_keys():
 
 
 def test_memory_goes_back_after_the_sparse_tensors_are_dropped():
+    gc.collect()  # earlier tests' garbage, freed now rather than during the count
     torch.openreg.synchronize()
     before = torch.openreg.memory_allocated()
     s = coo(size=(100, 100), nnz=500).to(DEV)

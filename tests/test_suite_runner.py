@@ -76,3 +76,16 @@ def test_a_file_that_uses_what_a_switch_changes_must_name_its_mode(tmp_path):
     assert conftest._declared_modes(module_with(tmp_path, fixed)) == ("queue_all", "blocking")
     with pytest.raises(pytest.UsageError, match="'trace'"):
         conftest._declared_modes(module_with(tmp_path, "MODES = ()\ndef test_x(cap" + "fd):\n    pass\n"))
+
+
+def test_a_pass_of_one_mode_imports_only_the_files_that_name_it(tmp_path):
+    config = types.SimpleNamespace(getoption=lambda name, default=None: "queue_all")
+    named, other, broken = tmp_path / "test_named.py", tmp_path / "test_other.py", tmp_path / "test_broken.py"
+    named.write_text('MODES = ("trace", "queue_all")  # comment\n')
+    other.write_text("MODES = ()\n")
+    broken.write_text("x = 1\n")
+    assert conftest.pytest_ignore_collect(named, config) is False
+    assert conftest.pytest_ignore_collect(other, config) is True
+    assert conftest.pytest_ignore_collect(broken, config) is None  # imported, and refused there
+    whole = types.SimpleNamespace(getoption=lambda name, default=None: "")
+    assert conftest.pytest_ignore_collect(other, whole) is None
