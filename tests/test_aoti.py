@@ -24,6 +24,9 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 
 MODES = ("queue_all", "blocking")  # the extra CI passes that run this file (tests/conftest.py)
 
+# Its module fixture is built once: one pytest-xdist worker runs the file.
+pytestmark = pytest.mark.xdist_group("aoti")
+
 LAUNCH = "openreg_inductor::launch<"
 
 

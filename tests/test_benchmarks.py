@@ -76,7 +76,7 @@ def test_bench_models_reports_every_model_and_phase_with_its_fallbacks(tmp_path)
     # minutes (tests/test_models.py compiles three of them).
     phases = ["forward", "train_step", "generate", "autocast_bf16"]
     report = run_benchmark(BENCH_MODELS, tmp_path / "bench_models.json", "--repeat", "1", "--batch-ms", "0.001",
-                           "--phases", ",".join(phases), "--profile", "2")
+                           "--phases", ",".join(phases))
     expected = [(m.name, p) for m in model_zoo.MODELS for p in phases if model_zoo.PHASE_BY_NAME[p].applies_to(m)]
     assert [(r["model"], r["phase"]) for r in report["rows"]] == expected
     assert report["errors"] == []
@@ -86,6 +86,13 @@ def test_bench_models_reports_every_model_and_phase_with_its_fallbacks(tmp_path)
         assert r["calls"] == 1
         assert r["ratio_interval"] == [r["ratio"], r["ratio"]]  # one pair: its ratio
         assert isinstance(r["fallback_ops"], dict)
+        assert "profile" not in r
+    # The profiled comparison (ten profiled batches per row) for one model's phases.
+    model = model_zoo.MODELS[0].name
+    report = run_benchmark(BENCH_MODELS, tmp_path / "profiled.json", "--repeat", "1", "--batch-ms", "0.001",
+                           "--phases", ",".join(phases), "--only", model, "--profile", "2")
+    assert {r["model"] for r in report["rows"]} == {model} and report["errors"] == []
+    for r in report["rows"]:
         assert len(r["profile"]) == 2 and all(p["op"] for p in r["profile"])
 
 

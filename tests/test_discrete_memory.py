@@ -12,6 +12,9 @@ import pytest
 
 MODES = ("discrete",)  # the extra CI passes that run this file (tests/conftest.py)
 
+# Its module fixture is built once: one pytest-xdist worker runs the file.
+pytestmark = pytest.mark.xdist_group("discrete_memory")
+
 SCRIPT = r"""
 import json
 import torch

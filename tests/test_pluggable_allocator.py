@@ -19,6 +19,9 @@ import torch_openreg
 
 MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
+# Its module fixture is built once: one pytest-xdist worker runs the file.
+pytestmark = pytest.mark.xdist_group("pluggable_allocator")
+
 REPO = Path(__file__).resolve().parent.parent
 
 LIBRARY = r"""

@@ -14,6 +14,9 @@ from tools.rename_backend import OLD_NAME, Names, Rename, RenameError
 
 MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
+# Its module fixture is built once: one pytest-xdist worker runs the file.
+pytestmark = pytest.mark.xdist_group("rename_backend")
+
 # A name of another length than this one's (memory_summary once padded its header for
 # 7 letters) that does not hold it: this file is renamed with the backend.
 NAME = next(name for name in ("mydevice", "simdev", "npu_sim") if len(name) != len(OLD_NAME) and OLD_NAME not in name)

@@ -1,6 +1,8 @@
 """The suite's own machinery (tests/conftest.py): under pytest-xdist, a test
 marked `exclusive` runs alone; every test file declares its CI passes (MODES)."""
 
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -89,3 +91,21 @@ def test_a_pass_of_one_mode_imports_only_the_files_that_name_it(tmp_path):
     assert conftest.pytest_ignore_collect(broken, config) is None  # imported, and refused there
     whole = types.SimpleNamespace(getoption=lambda name, default=None: "")
     assert conftest.pytest_ignore_collect(other, whole) is None
+
+
+def test_an_xdist_group_runs_on_one_worker(tmp_path):
+    # The suite's module fixtures (a two-rank launch, compiled packages) are built
+    # once only if their file's tests stay together; pytest 9 broke that.
+    grouped = "import os, pytest\npytestmark = pytest.mark.xdist_group('g')\n" + "".join(
+        f"def test_{i}():\n    open('workers', 'a').write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
+        for i in range(8)
+    )
+    (tmp_path / "test_grouped.py").write_text(grouped)
+    (tmp_path / "test_other.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(8)))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-p", "no:openreg",
+         "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    workers = (tmp_path / "workers").read_text().split()
+    assert len(workers) == 8 and len(set(workers)) == 1, workers
