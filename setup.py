@@ -107,6 +107,27 @@ def compile_order(source: str) -> int:
     return next(i for i, prefix in enumerate(LONGEST_FIRST) if relative.startswith(prefix))
 
 
+# Units compiled at -O1, a third faster than at -O2 (docs/development.md): the
+# generated registrations, whose wrappers mostly call the hand-written code
+# (benchmarks/bench_ops.py --size small times them the same either way), and
+# the units off the operators' path (bindings, distributed, profiler, compiler
+# support, IPC, graphs). The kernels, the launch, the allocator and the runtime
+# stay at -O2.
+LESS_OPTIMISED = ("build/generated/", "csrc/python/", "csrc/distributed/", "csrc/profiler/", "csrc/compiler/",
+                  "csrc/ipc/", "csrc/graphs/")
+
+
+def optimised_less(source: str) -> bool:
+    return os.path.relpath(os.path.join(ROOT, source), ROOT).startswith(LESS_OPTIMISED)
+
+
+def with_cxx_args(extra_postargs, args: list[str]):
+    """extra_postargs (a dict of per-language flags, or a list) with `args` after the C++ ones."""
+    if isinstance(extra_postargs, dict):
+        return {**extra_postargs, "cxx": [*extra_postargs["cxx"], *args]}
+    return [*extra_postargs, *args]
+
+
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
 
@@ -276,31 +297,36 @@ class BuildWithCodegen(BuildExtension):
                                     extra_postargs)
             # Units that include none of the precompiled headers compile
             # faster without it (loading it costs 1-1.5 s). They compile while
-            # it is being built, on the cores that leaves free, with a ninja
+            # it is being built, one compiler per core beside it (the header
+            # takes one core for less time than they take), with a ninja
             # directory of their own (each ninja log keeps to its outputs).
             project_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, GENERATED)]
             headers = pch.headers()
             early = [s for s in sources if not includes_any(s, headers, project_dirs)]
             rest = sorted((s for s in sources if s not in early), key=compile_order)
-            jobs = os.environ["MAX_JOBS"]
-            if pch.start():
-                os.environ["MAX_JOBS"] = str(max(1, int(jobs) - 1))
+
+            def compile_groups(units, directory, postargs) -> dict[str, str]:
+                """Compiles `units` into `directory`, those off the operators'
+                hot path first (they hold the longest), at -O1, in a ninja
+                directory of their own: each unit's object."""
+                objects = {}
+                for group, subdirectory, flags in (([s for s in units if optimised_less(s)], "O1", ["-O1"]),
+                                                   ([s for s in units if not optimised_less(s)], "", [])):
+                    if group:
+                        objects.update(zip(group, compile_sources(
+                            group, os.path.join(directory, subdirectory), macros, include_dirs, debug,
+                            extra_preargs, with_cxx_args(postargs, flags), depends)))
+                return objects
+
+            pch.start()
             try:
-                objects = compile_sources(early, os.path.join(output_dir, "no-pch"), macros, include_dirs, debug,
-                                          extra_preargs, extra_postargs, depends) if early else []
+                objects = compile_groups(early, os.path.join(output_dir, "no-pch"), extra_postargs)
                 pch_args = pch.args()
             finally:
-                os.environ["MAX_JOBS"] = jobs
                 pch.cancel()
-            if isinstance(extra_postargs, dict):
-                extra_postargs = {**extra_postargs, "cxx": [*extra_postargs["cxx"], *pch_args]}
-            else:
-                extra_postargs = [*extra_postargs, *pch_args]
-            objects += compile_sources(rest, output_dir, macros, include_dirs, debug, extra_preargs,
-                                       extra_postargs, depends)
+            objects.update(compile_groups(rest, output_dir, with_cxx_args(extra_postargs, pch_args)))
             # Linked in the sources' order, as before the split.
-            by_source = dict(zip(early + rest, objects))
-            return [by_source[s] for s in sources]
+            return [objects[s] for s in sources]
 
         self.compiler.compile = compile_with_precompiled_header
         try:

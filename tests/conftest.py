@@ -103,13 +103,27 @@ def _declared_modes(module) -> tuple[str, ...]:
     return declared
 
 
+def _item_modes(item, declared: tuple[str, ...]) -> tuple[str, ...]:
+    """The file's MODES, or those a test narrows them to with pytest.mark.modes(...)
+    (a test whose checks the switch does not change: a child process that fails at
+    start-up on a bad setting runs the same under every launch switch)."""
+    narrowed = item.get_closest_marker("modes")
+    if narrowed is None:
+        return declared
+    if not set(narrowed.args) <= set(declared):
+        raise pytest.UsageError(
+            f"{item.nodeid}: pytest.mark.modes{narrowed.args} names passes its file's MODES {declared} lacks"
+        )
+    return narrowed.args
+
+
 def pytest_collection_modifyitems(config, items):
     checked = {}
     for item in items:
         module = item.module
         if module.__name__ not in checked:
             checked[module.__name__] = _declared_modes(module)
-        for mode in checked[module.__name__]:
+        for mode in _item_modes(item, checked[module.__name__]):
             item.add_marker(mode)
 
 

@@ -10,10 +10,15 @@ seconds).
 
 import ctypes
 import gc
+import glob
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,9 +48,49 @@ class Model(torch.nn.Module):
         return self.fc2(h * 2 + 1).softmax(-1), x.sin().sum(0)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def built_once(config, tmp_path_factory, name: str, inputs: list[str], build) -> Path:
+    """A directory where build(directory) left its outputs, kept in pytest's cache
+    while torch and the bytes of `inputs` stay the same: .ci/run's launch-switch
+    passes run what its whole-suite pass compiled (compiling runs nothing these
+    tests check). Without pytest's cache, a fresh temporary directory."""
+    if getattr(config, "cache", None) is None:
+        directory = tmp_path_factory.mktemp(name)
+        build(directory)
+        return directory
+    digest = hashlib.sha256(f"{torch.__version__} {torch.version.git_version}".encode())
+    for path in sorted(inputs):
+        with open(path, "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read())
+    root = config.cache.mkdir(f"openreg-{name}")
+    directory = root / digest.hexdigest()[:16]
+    if not directory.is_dir():
+        for stale in root.iterdir():
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=root))
+        build(staging)
+        try:
+            staging.rename(directory)
+        except OSError:  # another run built it first
+            shutil.rmtree(staging)
+    return directory
+
+
+def openreg_inputs() -> list[str]:
+    """What a package or program built against torch_openreg depends on: its
+    extension and its Python code (the Inductor backend)."""
+    import torch_openreg
+
+    package = os.path.dirname(torch_openreg.__file__)
+    return [torch_openreg._C.__file__, *glob.glob(os.path.join(package, "**", "*.py"), recursive=True)]
+
+
 @pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    """(model on CPU, openreg package path, CPU package path) of one Model.
+def packages(pytestconfig, tmp_path_factory):
+    """(model on CPU, openreg package path, CPU package path) of one Model, built
+    once (built_once).
 
     Compiled in a cache directory of its own: with pytest -n, every worker that
     runs these tests compiles the same model, and a package made while another
@@ -53,15 +98,15 @@ def packages(tmp_path_factory):
     torch.manual_seed(0)
     model = Model().eval()
     x = torch.randn(4, 16)
-    directory = tmp_path_factory.mktemp("aoti")
-    paths = {}
-    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), fresh_cache():
-        for device in ("openreg", "cpu"):
-            exported = torch.export.export(model.to(device), (x.to(device),))
-            paths[device] = torch._inductor.aoti_compile_and_package(
-                exported, package_path=str(directory / f"model_{device}.pt2")
-            )
-    return model.cpu(), paths["openreg"], paths["cpu"]
+
+    def build(directory):
+        with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), fresh_cache():
+            for device in ("openreg", "cpu"):
+                exported = torch.export.export(model.to(device), (x.to(device),))
+                torch._inductor.aoti_compile_and_package(exported, package_path=str(directory / f"model_{device}.pt2"))
+
+    directory = built_once(pytestconfig, tmp_path_factory, "aoti-packages", [__file__, *openreg_inputs()], build)
+    return model.cpu(), str(directory / "model_openreg.pt2"), str(directory / "model_cpu.pt2")
 
 
 @pytest.fixture(autouse=True)
@@ -317,20 +362,23 @@ def test_method_only_operators_have_c_shims():
 
 
 @pytest.fixture(scope="module")
-def run_package(tmp_path_factory):
-    """examples/aoti/run_package, built against this torch and torch_openreg."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    output = str(tmp_path_factory.mktemp("example") / "run_package")
+def run_package(pytestconfig, tmp_path_factory):
+    """examples/aoti/run_package, built against this torch and torch_openreg (once: built_once)."""
     # build.py links the torch_openreg this process imported.
     import torch_openreg
 
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(torch_openreg.__file__)))
-    built = subprocess.run(
-        [sys.executable, os.path.join(root, "examples", "aoti", "build.py"), output],
-        capture_output=True, text=True, env=env,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    return output
+    example = os.path.join(ROOT, "examples", "aoti")
+
+    def build(directory):
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(torch_openreg.__file__)))
+        built = subprocess.run(
+            [sys.executable, os.path.join(example, "build.py"), str(directory / "run_package")],
+            capture_output=True, text=True, env=env,
+        )
+        assert built.returncode == 0, built.stdout + built.stderr
+
+    inputs = [*glob.glob(os.path.join(example, "*")), *openreg_inputs()]
+    return str(built_once(pytestconfig, tmp_path_factory, "aoti-example", inputs, build) / "run_package")
 
 
 def test_cpp_example_runs_the_package_on_openreg_without_python(packages, run_package):

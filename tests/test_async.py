@@ -728,6 +728,7 @@ def test_launch_blocking_raises_at_the_launch():
     assert "launch waited True" in result.stdout
 
 
+@pytest.mark.modes()  # a child process's start-up, the same under every launch switch
 @pytest.mark.parametrize("variable", ["OPENREG_LAUNCH_BLOCKING", "OPENREG_QUEUE_ALL_KERNELS"])
 def test_a_bad_launch_switch_value_is_an_error_naming_the_variable(variable):
     result = run_script("import torch; torch.zeros(1, device='openreg')", **{variable: "yes"})

@@ -82,6 +82,7 @@ def test_dynamo_finds_the_openreg_device_interface():
     assert OpenRegInterface.current_device() == previous
 
 
+@pytest.mark.modes()  # a child process's start-up, the same under every launch switch
 def test_import_torch_does_not_import_dynamo_or_inductor():
     # The registrations wait for those modules (torch_openreg/_import_hooks.py).
     code = (

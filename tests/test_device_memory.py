@@ -398,6 +398,7 @@ def test_large_allocations_are_staggered_without_losing_capacity():
     assert lines == [[str(16 * MiB + 64 * 1024), str(32 * MiB)], [str(16 * MiB + 64 * 1024)], [str(32 * MiB), "0"]]
 
 
+@pytest.mark.modes()  # a child process's start-up, the same under every launch switch
 @pytest.mark.parametrize("value", ["lots", "0", "12Q", "-1G", "2T"])
 def test_malformed_device_memory_setting_is_a_clear_error(value):
     result = run_python("import torch", env={"OPENREG_DEVICE_MEMORY": value})

@@ -113,6 +113,7 @@ def _import_with(count: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.modes()  # a child process's start-up, the same under every launch switch
 @pytest.mark.parametrize("count", ["abc", "0", "-1", "17", "2x"])
 def test_bad_device_count_is_an_error_at_import(count):
     result = _import_with(count)
@@ -121,6 +122,7 @@ def test_bad_device_count_is_an_error_at_import(count):
     assert "Traceback" in result.stderr
 
 
+@pytest.mark.modes()  # a child process's start-up, the same under every launch switch
 def test_device_count_from_environment():
     env = dict(os.environ, OPENREG_DEVICE_COUNT="4")
     out = subprocess.run(

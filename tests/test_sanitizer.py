@@ -255,6 +255,7 @@ def test_disabled_by_default_and_nothing_installed():
     assert "not reported" in result.stdout and "clean" in result.stdout
 
 
+@pytest.mark.modes()  # a child process's start-up, the same under every launch switch
 def test_malformed_environment_variable_is_an_error_naming_it():
     result = run("import torch_openreg", TORCH_OPENREG_SANITIZER="yes")
     assert result.returncode != 0

@@ -80,6 +80,19 @@ def test_a_file_that_uses_what_a_switch_changes_must_name_its_mode(tmp_path):
         conftest._declared_modes(module_with(tmp_path, "MODES = ()\ndef test_x(cap" + "fd):\n    pass\n"))
 
 
+def test_a_test_narrows_its_files_modes_with_the_modes_marker():
+    def item(*marks):
+        markers = {m.name: m for m in marks}
+        return types.SimpleNamespace(nodeid="test_x.py::test_x", get_closest_marker=markers.get)
+
+    declared = ("queue_all", "blocking")
+    assert conftest._item_modes(item(), declared) == declared
+    assert conftest._item_modes(item(pytest.mark.modes().mark), declared) == ()
+    assert conftest._item_modes(item(pytest.mark.modes("blocking").mark), declared) == ("blocking",)
+    with pytest.raises(pytest.UsageError, match=r"test_x.py::test_x: pytest.mark.modes\('trace',\) names passes"):
+        conftest._item_modes(item(pytest.mark.modes("trace").mark), declared)
+
+
 def test_a_pass_of_one_mode_imports_only_the_files_that_name_it(tmp_path):
     config = types.SimpleNamespace(getoption=lambda name, default=None: "queue_all")
     named, other, broken = tmp_path / "test_named.py", tmp_path / "test_other.py", tmp_path / "test_broken.py"
