@@ -107,7 +107,7 @@ def compile_order(source: str) -> int:
     return next(i for i, prefix in enumerate(LONGEST_FIRST) if relative.startswith(prefix))
 
 
-# Units compiled at -O1, a third faster than at -O2 (docs/development.md): the
+# Units compiled at -O1, about a fifth less CPU than at -O2 (docs/development.md): the
 # generated registrations, whose wrappers mostly call the hand-written code
 # (benchmarks/bench_ops.py --size small times them the same either way), and
 # the units off the operators' path (bindings, distributed, profiler, compiler
