@@ -306,9 +306,9 @@ class BuildWithCodegen(BuildExtension):
             rest = sorted((s for s in sources if s not in early), key=compile_order)
 
             def compile_groups(units, directory, postargs) -> dict[str, str]:
-                """Compiles `units` into `directory`, those off the operators'
-                hot path first (they hold the longest), at -O1, in a ninja
-                directory of their own: each unit's object."""
+                """Compiles `units` into `directory`, the LESS_OPTIMISED ones
+                first (they hold the longest), at -O1, in a ninja directory of
+                their own: each unit's object."""
                 objects = {}
                 for group, subdirectory, flags in (([s for s in units if optimised_less(s)], "O1", ["-O1"]),
                                                    ([s for s in units if not optimised_less(s)], "", [])):
