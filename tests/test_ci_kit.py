@@ -1,6 +1,6 @@
 """What a library author wires openreg into CI with (docs/ci.md): the pytest plugin
 (torch_openreg/pytest_plugin.py), run by pytester on a small test file in a
-subprocess each (inert without its options; --openreg makes openreg the default
+subprocess (inert without its options; --openreg makes openreg the default
 device; --openreg-leak-check fails a leaking test; --openreg-strict fails a test
 that falls back; the summary names fallbacks and host synchronisations), and the
 transformers device spec."""
@@ -62,23 +62,20 @@ def test_openreg_makes_it_the_default_device_and_summarises(pytester):
     assert "test_example.py::test_waits_three_times" in out.split("most in:")[1]
 
 
-def test_leak_check_fails_the_leaking_test_naming_the_bytes(pytester):
-    result = run(pytester, "--openreg-leak-check", "-k", "clean or leaks")
-    result.assert_outcomes(passed=1, failed=1)
+def test_leak_check_fails_the_leaking_test_and_strict_the_one_on_the_cpu_fallback(pytester):
+    result = run(pytester, "--openreg-leak-check", "--openreg-strict", "-k", "clean or leaks or falls_back")
+    result.assert_outcomes(passed=1, failed=2)
     out = result.stdout.str()
-    assert "FAILED test_example.py::test_leaks" in out
+    assert "FAILED test_example.py::test_leaks" in out and "FAILED test_example.py::test_falls_back" in out
     assert "openreg: the test ended with more device memory allocated than it started with: " in out and "bytes on openreg:0" in out
-    assert "pytest_plugin.py" not in out  # the check's message, not a traceback of the plugin
-
-
-def test_strict_fails_a_test_that_runs_on_the_cpu_fallback(pytester):
-    result = run(pytester, "--openreg-strict", "-k", "falls_back or clean")
-    result.assert_outcomes(passed=1, failed=1)
-    assert "openreg: ran on the CPU fallback: aten::trace (1x)" in result.stdout.str()
+    assert "openreg: ran on the CPU fallback: aten::trace (1x)" in out
+    assert "pytest_plugin.py" not in out  # the checks' messages, not a traceback of the plugin
 
 
 def test_an_option_given_a_value_is_a_usage_error(pytester):
-    result = run(pytester, "--openreg-strict=yes")
+    # Refused while the options are parsed, before the plugin configures anything: in this process.
+    pytester.makepyfile(test_example=EXAMPLE.replace("DEVICE", repr("openreg")))
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--openreg-strict=yes")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "ignored explicit argument 'yes'" in result.stderr.str()
 

@@ -17,8 +17,7 @@ from torch.testing import assert_close
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
-from codegen.load import load
-from tests.test_structured_opinfo import aten_names, check_same, opinfo_id, run, to_cpu, to_device
+from test_structured_opinfo import CONFIG, aten_names, check_same, opinfo_id, run, to_cpu, to_device
 from torch_openreg.info import classify
 
 MODES = ("trace", "queue_all", "discrete")  # the extra CI passes that run this file (tests/conftest.py)
@@ -28,7 +27,6 @@ DEV = "openreg"
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16)
 SAMPLES = 4
 
-CONFIG = load(os.path.join(ROOT, "backend_functions.yaml"))
 BOUND = sorted(str(c.name) for c in CONFIG.cpu_kernels)
 
 

@@ -46,8 +46,14 @@ def trace_lines(stderr: str) -> list[re.Match]:
     return [m for m in map(LINE.match, stderr.splitlines()) if m]
 
 
-def test_each_route_prints_a_line_in_torchs_format():
-    result = run(SCRIPT, "1")
+@pytest.fixture(scope="module")
+def traced() -> subprocess.CompletedProcess:
+    """SCRIPT run with the trace on, once for the tests that read its trace."""
+    return run(SCRIPT, "1")
+
+
+def test_each_route_prints_a_line_in_torchs_format(traced):
+    result = traced
     assert result.stdout.strip() == "8.0"
     lines = trace_lines(result.stderr)
     routes = {(m["op"], m["route"]) for m in lines}
@@ -63,8 +69,8 @@ def test_each_route_prints_a_line_in_torchs_format():
     assert len(printed) == len(lines)
 
 
-def test_a_stub_nests_under_the_structured_call_that_reached_it():
-    lines = trace_lines(run(SCRIPT, "1").stderr)
+def test_a_stub_nests_under_the_structured_call_that_reached_it(traced):
+    lines = trace_lines(traced.stderr)
     i = next(i for i, m in enumerate(lines) if m["op"] == "aten::add.Tensor")
     stub = lines[i + 1]
     assert stub["kind"] == "stub"

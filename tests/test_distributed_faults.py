@@ -2,9 +2,9 @@
 collectives disagree on sizes. The surviving rank must raise, within the process group's
 timeout (PG_TIMEOUT here), an error naming the collective, never hang.
 
-Each case launches two processes (this file, one per rank; test_distributed.launch, whose
-hard timeout kills them if the fault is not detected) and asserts on the error each rank
-recorded. Children write their reports to files, never to stdout (see test_distributed).
+Each fault launches two processes once (this file, one per rank; test_distributed.launch,
+whose hard timeout kills them if the fault is not detected), which run every collective of
+its cases at once, and the cases assert on the error rank 0 recorded for theirs. Children write their reports to files, never to stdout (see test_distributed).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -35,30 +36,30 @@ pytestmark = [
 ]
 
 
-# --- what the surviving rank (0) runs while rank 1 is gone -----------------------------------
+# --- what the surviving rank (0) runs while rank 1 is gone, each on a group of its own ----------
 
 
-def all_reduce(device):
-    dist.all_reduce(torch.ones(4, device=device))
+def all_reduce(device, group):
+    dist.all_reduce(torch.ones(4, device=device), group=group)
 
 
-def all_reduce_async_then_wait(device):
-    dist.all_reduce(torch.ones(4, device=device), async_op=True).wait()
+def all_reduce_async_then_wait(device, group):
+    dist.all_reduce(torch.ones(4, device=device), group=group, async_op=True).wait()
 
 
-def all_gather_into_tensor(device):
-    dist.all_gather_into_tensor(torch.empty(WORLD * 4, device=device), torch.ones(4, device=device))
+def all_gather_into_tensor(device, group):
+    dist.all_gather_into_tensor(torch.empty(WORLD * 4, device=device), torch.ones(4, device=device), group=group)
 
 
-def reduce_scatter_tensor(device):
-    dist.reduce_scatter_tensor(torch.empty(4, device=device), torch.ones(WORLD * 4, device=device))
+def reduce_scatter_tensor(device, group):
+    dist.reduce_scatter_tensor(torch.empty(4, device=device), torch.ones(WORLD * 4, device=device), group=group)
 
 
-def functional_all_gather(device):
+def functional_all_gather(device, group):
     # C++ (_c10d_functional.wait_tensor) waits on the work through torch's PyWork trampoline.
     import torch.distributed._functional_collectives as funcol
 
-    funcol.all_gather_tensor(torch.ones(4, device=device), 0, dist.group.WORLD).cpu()
+    funcol.all_gather_tensor(torch.ones(4, device=device), 0, group).cpu()
 
 
 COLLECTIVES = {f.__name__: f for f in (all_reduce, all_reduce_async_then_wait, all_gather_into_tensor,
@@ -67,6 +68,8 @@ COLLECTIVES = {f.__name__: f for f in (all_reduce, all_reduce_async_then_wait, a
 NAMED = {"all_reduce": "allreduce", "all_reduce_async_then_wait": "allreduce",
          "all_gather_into_tensor": "all_gather_into_tensor", "reduce_scatter_tensor": "reduce_scatter_tensor",
          "functional_all_gather": "all_gather_into_tensor_coalesced"}
+# The collectives each fault is checked with: one launch per fault, one group per collective.
+FAULTS = {"dies": ["all_reduce", "reduce_scatter_tensor"], "hangs": list(COLLECTIVES)}
 
 
 def record(report: dict, name: str, call) -> None:
@@ -77,7 +80,7 @@ def record(report: dict, name: str, call) -> None:
         report[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
 
 
-def worker(rank: int, scenario: str, collective: str, directory: Path) -> None:
+def worker(rank: int, scenario: str, directory: Path) -> None:
     torch.openreg.set_device(rank)
     device = torch.device("openreg", rank)
     if scenario == "mismatch":
@@ -89,19 +92,25 @@ def worker(rank: int, scenario: str, collective: str, directory: Path) -> None:
                             timeout=PG_TIMEOUT)
     out = directory / f"rank{rank}.json"
     report: dict = {}
-    if scenario in ("dies", "hangs"):
+    if scenario in FAULTS:
+        # A group per collective: a collective that failed leaves its group unusable.
+        groups = {name: dist.new_group(timeout=PG_TIMEOUT) for name in FAULTS[scenario]}
         dist.barrier()  # both ranks are up and connected
         if rank == 1:
             if scenario == "dies":
                 os._exit(3)
-            # Hangs: never joins the collective, and leaves once rank 0 has reported.
+            # Hangs: never joins the collectives, and leaves once rank 0 has reported.
             deadline = time.monotonic() + 90
             while not (directory / "rank0.json").exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             os._exit(0)
-        start = time.monotonic()
-        record(report, collective, lambda: COLLECTIVES[collective](device))
-        report["seconds"] = time.monotonic() - start  # for the log; not asserted
+        # Side by side, each in a thread: the timeouts run out together.
+        threads = [threading.Thread(target=record, args=(report, name, lambda f=COLLECTIVES[name], g=group: f(device, g)))
+                   for name, group in groups.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     elif scenario == "mismatch":
         n = 4 + rank  # rank 0 has 4 elements, rank 1 has 5
         record(report, "all_reduce", lambda: dist.all_reduce(torch.ones(n, device=device)))
@@ -116,10 +125,10 @@ def worker(rank: int, scenario: str, collective: str, directory: Path) -> None:
     os._exit(0)  # a group whose peer is gone cannot be destroyed cleanly
 
 
-def run(tmp_path: Path, scenario: str, collective: str = "") -> list[dict]:
+def run(tmp_path: Path, scenario: str) -> list[dict]:
     result = launch(
         [[sys.executable, str(Path(__file__)), "--rank", str(rank), "--scenario", scenario,
-          "--collective", collective, "--directory", str(tmp_path)] for rank in range(WORLD)],
+          "--directory", str(tmp_path)] for rank in range(WORLD)],
         tmp_path,
     )
     assert not result.timed_out, f"the launch hung and was killed\n{result.logs}"
@@ -132,18 +141,30 @@ def run(tmp_path: Path, scenario: str, collective: str = "") -> list[dict]:
     return reports
 
 
-@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter_tensor"])
-def test_a_rank_that_dies_makes_the_other_raise_naming_the_collective(tmp_path, collective):
-    outcome = run(tmp_path, "dies", collective)[0][collective]
+@pytest.fixture(scope="module")
+def surviving_rank(tmp_path_factory):
+    """What rank 0 recorded under each fault: one launch per fault, its tests share it."""
+    reports = {}
+
+    def report(scenario: str) -> dict:
+        if scenario not in reports:
+            reports[scenario] = run(tmp_path_factory.mktemp(scenario), scenario)[0]
+        return reports[scenario]
+
+    return report
+
+
+@pytest.mark.parametrize("collective", FAULTS["dies"])
+def test_a_rank_that_dies_makes_the_other_raise_naming_the_collective(surviving_rank, collective):
+    outcome = surviving_rank("dies")[collective]
     # Before, the openreg all_reduce returned normally with its tensor unreduced.
     assert outcome.startswith("DistBackendError: ") or outcome.startswith("RuntimeError: "), outcome
     assert f"openreg_gloo {NAMED[collective]}: " in outcome, outcome
 
 
-@pytest.mark.parametrize("collective", list(COLLECTIVES))
-def test_a_rank_that_hangs_makes_the_other_raise_after_the_timeout_naming_the_collective(tmp_path, collective):
-    report = run(tmp_path, "hangs", collective)[0]
-    outcome = report[collective]
+@pytest.mark.parametrize("collective", FAULTS["hangs"])
+def test_a_rank_that_hangs_makes_the_other_raise_after_the_timeout_naming_the_collective(surviving_rank, collective):
+    outcome = surviving_rank("hangs")[collective]
     assert f"openreg_gloo {NAMED[collective]}: " in outcome, outcome
     assert f"Timed out waiting {int(PG_TIMEOUT.total_seconds() * 1000)}ms" in outcome, outcome
 
@@ -163,7 +184,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="one rank of tests/test_distributed_faults.py")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--scenario", choices=["dies", "hangs", "mismatch"], required=True)
-    parser.add_argument("--collective", default="")
     parser.add_argument("--directory", type=Path, required=True)
     arguments = parser.parse_args()
-    worker(arguments.rank, arguments.scenario, arguments.collective, arguments.directory)
+    worker(arguments.rank, arguments.scenario, arguments.directory)

@@ -1,5 +1,7 @@
 """`python -m torch_openreg info`: versions, devices, and what serves each operator."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -16,15 +18,21 @@ MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 pytestmark = pytest.mark.xdist_group("info_cli")
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torch_openreg", *args],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ),
-    )
+    """`python -m torch_openreg *args` in this process (info.main, which __main__ runs):
+    its exit code and output. The report fixture and the pipe test start the real command."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = info.main(list(args))
+        except SystemExit as e:
+            code = e.code
+    return subprocess.CompletedProcess(["python", "-m", "torch_openreg", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    result = cli("info", "--json")
+    result = subprocess.run([sys.executable, "-m", "torch_openreg", "info", "--json"],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -28,6 +28,8 @@ MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
 TIMEOUT = ipc_workers.TIMEOUT
 CONTEXTS = ["spawn", "forkserver"]
+# The fork server imports torch once; its children start with it imported (not initialised).
+mp.get_context("forkserver").set_forkserver_preload(["torch"])
 
 
 class Children:

@@ -61,7 +61,7 @@ OPINFOS = opinfos_for({s.group.root_name for s in CONFIG.structured})
 
 def table_tested() -> set[str]:
     """The structured out= operators tests/test_structured.py's tables test."""
-    from tests.test_structured import BACKWARD, BINARY, ON_ALIASES, REDUCTIONS, UNARY
+    from test_structured import BACKWARD, BINARY, ON_ALIASES, REDUCTIONS, UNARY
 
     return {*BINARY, *UNARY, *REDUCTIONS, *BACKWARD, *ON_ALIASES}
 
