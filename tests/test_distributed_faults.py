@@ -4,7 +4,8 @@ timeout (PG_TIMEOUT here), an error naming the collective, never hang.
 
 Each fault launches two processes once (this file, one per rank; test_distributed.launch,
 whose hard timeout kills them if the fault is not detected), which run every collective of
-its cases at once, and the cases assert on the error rank 0 recorded for theirs. Children write their reports to files, never to stdout (see test_distributed).
+its cases at once; each case asserts on the error rank 0 recorded for its collective.
+Children write their reports to files, never to stdout (see test_distributed).
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ def worker(rank: int, scenario: str, directory: Path) -> None:
                 time.sleep(0.1)
             os._exit(0)
         # Side by side, each in a thread: the timeouts run out together.
-        threads = [threading.Thread(target=record, args=(report, name, lambda f=COLLECTIVES[name], g=group: f(device, g)))
-                   for name, group in groups.items()]
+        def run_on(name: str, group) -> None:
+            record(report, name, lambda: COLLECTIVES[name](device, group))
+
+        threads = [threading.Thread(target=run_on, args=item) for item in groups.items()]
         for thread in threads:
             thread.start()
         for thread in threads:
