@@ -70,9 +70,11 @@ def test_copy_renames_the_runtime_api_and_environment_but_not_the_word_or(rename
 def test_copy_generates_the_code_its_golden_files_hold(renamed):
     # --noconftest: tests/conftest.py imports the copy's package, which is not built;
     # the codegen needs neither it nor this backend (not autoloaded, its pytest plugin off).
+    # The C++ compile of a mismatched kernel is left out: the names it would differ in are the
+    # generated header's, which the golden files hold.
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", f"no:{OLD_NAME}", "-p", "no:cacheprovider",
-         "tests/codegen"],
+         "-k", "not does_not_compile", "tests/codegen"],
         cwd=renamed, env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
