@@ -74,7 +74,6 @@ def test_leak_check_fails_the_leaking_test_and_strict_the_one_on_the_cpu_fallbac
 
 def test_an_option_given_a_value_is_a_usage_error(pytester):
     # Refused while the options are parsed, before the plugin configures anything: in this process.
-    pytester.makepyfile(test_example=EXAMPLE.replace("DEVICE", repr("openreg")))
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--openreg-strict=yes")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "ignored explicit argument 'yes'" in result.stderr.str()

@@ -53,9 +53,8 @@ def traced() -> subprocess.CompletedProcess:
 
 
 def test_each_route_prints_a_line_in_torchs_format(traced):
-    result = traced
-    assert result.stdout.strip() == "8.0"
-    lines = trace_lines(result.stderr)
+    assert traced.stdout.strip() == "8.0"
+    lines = trace_lines(traced.stderr)
     routes = {(m["op"], m["route"]) for m in lines}
     assert ("aten::empty.memory_format", "kernel openreg::native::empty_memory_format") in routes
     assert ("aten::add.Tensor", "structured at::native::structured_ufunc_add_CPU") in routes
@@ -65,7 +64,7 @@ def test_each_route_prints_a_line_in_torchs_format(traced):
     assert ("openreg::add_relu", "custom_op openreg::native::add_relu") in routes
     assert ("aten::_pin_memory", "blocked") in routes
     # Every PrivateUse1 line the script printed is in the expected format.
-    printed = [line for line in result.stderr.splitlines() if "key=[PrivateUse1]" in line]
+    printed = [line for line in traced.stderr.splitlines() if "key=[PrivateUse1]" in line]
     assert len(printed) == len(lines)
 
 

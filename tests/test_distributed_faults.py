@@ -186,7 +186,7 @@ def test_collectives_of_different_sizes_raise_on_every_rank_with_distributed_deb
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="one rank of tests/test_distributed_faults.py")
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--scenario", choices=["dies", "hangs", "mismatch"], required=True)
+    parser.add_argument("--scenario", choices=[*FAULTS, "mismatch"], required=True)
     parser.add_argument("--directory", type=Path, required=True)
     arguments = parser.parse_args()
     worker(arguments.rank, arguments.scenario, arguments.directory)

@@ -28,8 +28,6 @@ MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
 TIMEOUT = ipc_workers.TIMEOUT
 CONTEXTS = ["spawn", "forkserver"]
-# The fork server imports torch once; its children start with it imported (not initialised).
-mp.get_context("forkserver").set_forkserver_preload(["torch"])
 
 
 class Children:
@@ -37,6 +35,9 @@ class Children:
 
     def __init__(self, method: str) -> None:
         self.ctx = mp.get_context(method)
+        if method == "forkserver":
+            # The fork server imports torch once; its children start with it imported (not initialised).
+            self.ctx.set_forkserver_preload(["torch"])
         self.processes: list = []
 
     def queue(self):
