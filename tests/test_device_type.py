@@ -18,7 +18,7 @@ from torch.testing._internal.common_device_type import (
     onlyPRIVATEUSE1,
 )
 from torch.testing._internal.common_dtype import all_types_and_complex_and
-from torch.testing._internal.common_utils import TestCase
+from torch.testing._internal.common_utils import DeterministicGuard, TestCase
 
 MODES = ()  # the extra CI passes that run this file (tests/conftest.py)
 
@@ -34,6 +34,20 @@ class TestDeviceGeneric(TestCase):
             self.assertEqual((t.shape, t.dtype), (torch.Size([2, 3]), dtype))
         self.assertEqual(torch.zeros(2, 3, device=device, dtype=dtype), torch.zeros(2, 3, dtype=dtype), exact_device=False)
         self.assertEqual(torch.full((4,), 1, device=device, dtype=dtype), torch.full((4,), 1, dtype=dtype), exact_device=False)
+
+    @dtypes(torch.float32, torch.complex64, torch.int64, torch.bool)
+    def test_deterministic_mode_fills_new_memory_as_cpu_does(self, device, dtype):
+        # Under torch.use_deterministic_algorithms(True), what empty() and a
+        # growing resize_() hand out reads as NaN (the largest value for integers).
+        def new_memory(on):
+            return [torch.empty(3, dtype=dtype, device=on),
+                    torch.empty_strided((2, 2), (1, 2), dtype=dtype, device=on),
+                    torch.empty_like(torch.zeros(2, dtype=dtype, device=on)),
+                    torch.zeros(2, dtype=dtype, device=on).resize_(5)]
+
+        with DeterministicGuard(True):
+            for got, expected in zip(new_memory(device), new_memory("cpu")):
+                self.assertEqual(got, expected, exact_device=False)
 
     def test_efficient_zero_tensor_reads_as_zeros_and_owns_no_memory(self, device):
         before = torch.openreg.memory_allocated(device)

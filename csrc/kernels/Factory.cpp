@@ -2,6 +2,7 @@
 // _efficientzerotensor.
 // The generated wrapper has already set the device guard from `device`, so the
 // allocator allocates on the requested openreg device.
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/new_empty_native.h>
@@ -24,6 +25,17 @@ void check_factory_options(std::optional<at::Layout> layout, std::optional<bool>
       !c10::pinned_memory_or_default(pin_memory),
       "Only dense CPU tensors can be pinned: drop pin_memory=True for openreg tensors.");
 }
+
+// Under torch.use_deterministic_algorithms(True) new memory reads as NaN (the
+// largest value for integers and bool), as CPU's and CUDA's empty make it,
+// unless torch.utils.deterministic.fill_uninitialized_memory is False.
+at::Tensor filled_if_deterministic(at::Tensor tensor) {
+  if (C10_UNLIKELY(
+          at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory())) {
+    at::native::fill_empty_deterministic_(tensor);
+  }
+  return tensor;
+}
 } // namespace
 
 at::Tensor empty_memory_format(
@@ -34,8 +46,8 @@ at::Tensor empty_memory_format(
     std::optional<bool> pin_memory,
     std::optional<at::MemoryFormat> memory_format) {
   check_factory_options(layout, pin_memory);
-  return at::detail::empty_generic(
-      size, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype), memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(
+      size, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype), memory_format));
 }
 
 // A tensor that reads as zeros and owns no memory (autograd's zero gradients:
@@ -62,8 +74,8 @@ at::Tensor empty_strided(
     std::optional<at::Device> /*device*/,
     std::optional<bool> pin_memory) {
   check_factory_options(layout, pin_memory);
-  return at::detail::empty_strided_generic(
-      size, stride, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(
+      size, stride, device_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype)));
 }
 
 // torch's new_empty (CompositeExplicitAutograd) plus the format tag of `self`:

@@ -3,7 +3,9 @@
 // Views only touch metadata, so ATen's device-generic implementations serve;
 // resize_ and set_ may grow a storage, which must go through the openreg
 // allocator and runtime memcpy rather than resize_bytes_cpu's host memcpy.
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -62,12 +64,19 @@ const at::Tensor& resize_(
     TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
   }
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  const int64_t old_nbytes = impl->unsafe_storage() ? static_cast<int64_t>(impl->unsafe_storage().nbytes()) : 0;
   resize_impl(impl, size, std::nullopt);
   if (memory_format) {
     TORCH_CHECK(
         *memory_format != at::MemoryFormat::Preserve,
         "Unsupported memory format ", *memory_format);
     impl->empty_tensor_restride(*memory_format);
+  }
+  // As CPU's and CUDA's resize_: the memory a deterministic run grows reads as
+  // NaN (the largest value for integers), as Factory.cpp's empty.
+  if (C10_UNLIKELY(
+          at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory())) {
+    at::native::fill_resize_deterministic_(self, old_nbytes);
   }
   return self;
 }
