@@ -109,6 +109,17 @@ class TestDeviceGeneric(TestCase):
         self.assertEqual(t, cpu, exact_device=False)
 
     @deviceCountAtLeast(2)
+    def test_dlpack_exchanges_device_memory(self, devices):
+        for index, device in enumerate(devices[:2]):
+            x = torch.arange(6.0, device=device).view(2, 3).t()
+            self.assertEqual(x.__dlpack_device__(), (torch.utils.dlpack.DLDeviceType.kDLExtDev, index))
+            for y in (torch.from_dlpack(x), torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(x))):
+                self.assertEqual((y.device, y.data_ptr(), y.stride()), (x.device, x.data_ptr(), x.stride()))
+                y.add_(1)
+            self.assertEqual(x, torch.arange(6.0).view(2, 3).t() + 2, exact_device=False)
+        self.assertEqual(torch.ones(1).__dlpack_device__()[0], torch.utils.dlpack.DLDeviceType.kDLCPU)
+
+    @deviceCountAtLeast(2)
     def test_copies_between_devices(self, devices):
         self.assertEqual(devices[0], self.get_primary_device())
         a = torch.arange(6.0, device=devices[0])

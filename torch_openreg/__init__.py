@@ -30,8 +30,11 @@ torch.utils.rename_privateuse1_backend("openreg")
 _C._register_graph_impl()
 
 from torch_openreg import _import_hooks, openreg  # noqa: E402
+from torch_openreg.openreg import _dlpack  # noqa: E402
 
 torch._register_device_module("openreg", openreg)
+# Tensor.__dlpack_device__ knows PrivateUse1 only by its original name.
+_dlpack.register()
 # Tensor.openreg(), Tensor.is_openreg, Module.openreg(), UntypedStorage.openreg(), ...
 torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
