@@ -101,6 +101,22 @@ def test_cross_attention_of_other_lengths_gives_cpus_bits():
     assert_bits_equal(cpu, dev)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_forward_and_backward_give_cpus_results(backend):
+    # A compiled graph saves the forward's outputs for the backward and checks the
+    # layouts the fake kernels predicted: CPU's flash attention lays out its
+    # logsumexp and gradients its own way (torch_openreg/openreg/_fake_tensor.py).
+    q, k, v = qkv(batch=2, heads=3, q_len=5, dim=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(F.scaled_dot_product_attention, backend=backend)
+    results = []
+    for device, attention in (("cpu", F.scaled_dot_product_attention), (DEV, compiled)):
+        args = [t.to(device).requires_grad_() for t in (q, k, v)]
+        out = attention(*args, is_causal=True)
+        results.append([out.cpu(), *(g.cpu() for g in torch.autograd.grad(out.sum(), args))])
+    torch.testing.assert_close(results[1], results[0])
+
+
 def test_openreg_asks_its_own_choice_and_runs_the_overrideable_route():
     q, k, v = (t.to(DEV) for t in qkv())
     assert torch._fused_sdp_choice(q, k, v) == SDPBackend.OVERRIDEABLE.value

@@ -69,9 +69,11 @@ scaled_dot_product_fused_attention_overrideable(
   call.note(key, "key");
   call.note(value, "value");
   call.note(attn_bias, "attn_bias");
-  // The sequence lengths of the variable-length (nested) form and the dropout
-  // seed are not used by a kernel without dropout or nested inputs: undefined
-  // tensors, as the Meta kernel (torch/_meta_registrations.py) returns Nones.
+  // The sequence lengths of the variable-length (nested) form are not used by a
+  // kernel without nested inputs: undefined tensors, as the Meta kernel
+  // (torch/_meta_registrations.py) returns Nones. The dropout seed and offset
+  // are unused too, but the Meta kernel returns tensors, which a compiled graph
+  // saves for the backward: CPU tensors, as CUDA's flash attention returns them.
   auto results = [&](at::Tensor output, at::Tensor logsumexp) {
     return std::make_tuple(
         std::move(output),
@@ -80,8 +82,8 @@ scaled_dot_product_fused_attention_overrideable(
         at::Tensor(),
         query.sym_size(-2),
         key.sym_size(-2),
-        at::Tensor(),
-        at::Tensor(),
+        at::empty({}, at::kLong),
+        at::empty({}, at::kLong),
         at::Tensor());
   };
   if (dropout_p == 0 && call.may_queue()) {

@@ -1,5 +1,5 @@
-"""What fake tensors must know about openreg: the strides of its convolutions, and the
-tensors' backend metadata (torch_openreg/openreg/formats.py).
+"""What fake tensors must know about openreg: the strides of its convolutions and of its
+attention kernels, and the tensors' backend metadata (torch_openreg/openreg/formats.py).
 
 torch.compile, torch.export and AOTAutograd trace a program on fake tensors, and
 every later step trusts the strides those predict: Inductor's generated wrapper
@@ -41,6 +41,8 @@ _CONV_OPS = (
     aten.convolution_backward.default,
 )
 _CPU = torch.device("cpu")
+_SDPA = aten._scaled_dot_product_fused_attention_overrideable.default
+_SDPA_BACKWARD = aten._scaled_dot_product_fused_attention_overrideable_backward.default
 
 
 def _on(fake_mode: FakeTensorMode, t: Any, device: torch.device) -> Any:
@@ -66,6 +68,37 @@ def _predicted_as_on_cpu(torch_conv: Any) -> Any:
     return conv
 
 
+def _bound(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The operator's arguments by name, defaults filled in."""
+    schema = func._schema.arguments
+    values = {a.name: a.default_value for a in schema if a.has_default_value()}
+    values.update(zip((a.name for a in schema), args), **kwargs)
+    return values
+
+
+def _sdpa_as_on_cpu(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """openreg's overrideable attention and its backward run CPU's flash attention
+    (csrc/kernels/Attention.cpp), whose logsumexp and gradients are laid out
+    otherwise than the Meta kernels predict: predicts them as on CPU, and the
+    outputs openreg's kernels leave undefined as None."""
+    a = _bound(func, args, kwargs)
+    device = a["query"].device
+    cpu = {name: _on(fake_mode, a[name], _CPU) for name in ("query", "key", "value", "attn_bias")}
+    if func is _SDPA:
+        out, logsumexp = aten._scaled_dot_product_flash_attention_for_cpu(
+            cpu["query"], cpu["key"], cpu["value"], a["dropout_p"], a["is_causal"], attn_mask=cpu["attn_bias"],
+            scale=a["scale"])
+        with fake_mode:
+            seed, offset = torch.empty((), dtype=torch.long), torch.empty((), dtype=torch.long)
+        return (_on(fake_mode, out, device), _on(fake_mode, logsumexp, device), None, None,
+                a["query"].size(-2), a["key"].size(-2), seed, offset, None)
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        _on(fake_mode, a["grad_out"], _CPU), cpu["query"], cpu["key"], cpu["value"], _on(fake_mode, a["out"], _CPU),
+        _on(fake_mode, a["logsumexp"], _CPU), a["dropout_p"], a["is_causal"], attn_mask=cpu["attn_bias"],
+        scale=a["scale"])
+    return (*(_on(fake_mode, g, device) if wanted else None for g, wanted in zip(grads, a["grad_input_mask"])), None)
+
+
 def _keeping_backend_metadata(from_real_tensor: Any) -> Any:
     def convert(self: FakeTensorConverter, fake_mode: FakeTensorMode, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         fake = from_real_tensor(self, fake_mode, t, *args, **kwargs)
@@ -80,12 +113,14 @@ def _keeping_backend_metadata(from_real_tensor: Any) -> Any:
 
 
 def register() -> None:
-    """Makes the fake convolution predict openreg's output strides as CPU's, and fake
+    """Makes the fake convolution and attention predict openreg's outputs as CPU's, and fake
     tensors of openreg tensors carry their backend metadata (the format tag)."""
     for op in _CONV_OPS:
         torch_conv = fake_impls.op_implementations_dict[op]
         if not getattr(torch_conv, "_openreg", False):
             fake_impls.op_implementations_dict[op] = _predicted_as_on_cpu(torch_conv)
+    for op in (_SDPA, _SDPA_BACKWARD):
+        fake_impls.op_implementations_dict[op] = _sdpa_as_on_cpu
     # meta_utils makes a fake tensor from sizes, strides and storage only;
     # c10::BackendMeta is not among what it copies.
     if not getattr(FakeTensorConverter.from_real_tensor, "_openreg", False):
