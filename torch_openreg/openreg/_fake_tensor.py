@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
+from torch.fx.operator_schemas import normalize_function
 from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
@@ -68,20 +69,12 @@ def _predicted_as_on_cpu(torch_conv: Any) -> Any:
     return conv
 
 
-def _bound(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The operator's arguments by name, defaults filled in."""
-    schema = func._schema.arguments
-    values = {a.name: a.default_value for a in schema if a.has_default_value()}
-    values.update(zip((a.name for a in schema), args), **kwargs)
-    return values
-
-
 def _sdpa_as_on_cpu(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
     """openreg's overrideable attention and its backward run CPU's flash attention
     (csrc/kernels/Attention.cpp), whose logsumexp and gradients are laid out
     otherwise than the Meta kernels predict: predicts them as on CPU, and the
     outputs openreg's kernels leave undefined as None."""
-    a = _bound(func, args, kwargs)
+    a = normalize_function(func, args, kwargs, normalize_to_only_use_kwargs=True).kwargs
     device = a["query"].device
     cpu = {name: _on(fake_mode, a[name], _CPU) for name in ("query", "key", "value", "attn_bias")}
     if func is _SDPA:
