@@ -242,6 +242,27 @@ def test_in_place_operators_update_the_openreg_tensor():
     assert_same(dev, cpu)
 
 
+OUT_INTO_EMPTY = {  # CPU kernels that resize (and narrow) the out= tensor's indices and values in place
+    "asin": lambda a, out: torch.asin(a, out=out),
+    "sqrt": lambda a, out: torch.sqrt(a, out=out),
+    "mul_scalar": lambda a, out: torch.mul(a, torch.tensor(2.0, dtype=a.dtype, device=a.device), out=out),
+    "div_scalar": lambda a, out: torch.div(a, torch.tensor(2.0, dtype=a.dtype, device=a.device), out=out),
+    "add": lambda a, out: torch.add(torch.zeros_like(a), a, out=out),
+    "add_": lambda a, out: out.add_(a),
+    "sub_": lambda a, out: out.sub_(a),
+}
+
+
+@pytest.mark.parametrize("name", list(OUT_INTO_EMPTY))
+def test_results_written_into_an_empty_sparse_tensor_match_cpu(name):
+    fn, cpu = OUT_INTO_EMPTY[name], coo(coalesced=True).abs()
+    expected, out = torch.zeros_like(cpu), torch.zeros_like(cpu).to(DEV)
+    expected_values, values = expected._values(), out._values()  # on the storage the kernel may resize
+    assert fn(cpu, expected) is expected and fn(cpu.to(DEV), out) is out
+    assert_same(out, expected)
+    assert_same(values, expected_values)
+
+
 def test_copy_from_a_cpu_sparse_tensor_into_an_openreg_one():
     src = coo(seed=11)
     dst = coo(nnz=2).to(DEV)

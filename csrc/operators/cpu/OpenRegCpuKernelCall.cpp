@@ -621,8 +621,14 @@ at::Tensor CpuKernelCall::converted_sparse(const at::Tensor& t) {
 
 // A written sparse operand (add_, mul_, zero_, copy_, resize_as_ on sparse
 // tensors): the CPU kernel may have given its alias new members and sizes,
-// which the openreg tensor takes, converted.
+// which the openreg tensor takes, converted. It may also have resized a member
+// in place (`out._values().resize_(...)`), then perhaps narrowed it
+// (set_nnz_and_narrow): first every operand takes its alias's new bytes and
+// geometry, as a written operand does.
 void CpuKernelCall::write_back_sparse(const Written& w) {
+  operands_.for_each([&](const Operand& o) {
+    write_back(Written{c10::MaybeOwned<at::Tensor>::borrowed(*o.extra), o.alias});
+  });
   c10::SmallVector<at::Tensor, 3> members = sparse_members(w.alias);
   for (at::Tensor& m : members) {
     m = result(m);
