@@ -40,9 +40,18 @@ def test_streams_through_torch_accelerator():
     assert_close(x.cpu(), torch.full((4,), 3.0))
 
 
-def test_device_capability_lists_supported_dtypes():
-    capability = torch.accelerator.get_device_capability(0)
-    assert torch.float32 in capability["supported_dtypes"]
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental", "ignore:Casting complex values to real")
+def test_device_capability_lists_the_dtypes_openreg_holds_and_converts():
+    supported = torch.accelerator.get_device_capability(0)["supported_dtypes"]
+    dtypes = {d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+    for dtype in dtypes:
+        try:
+            torch.empty(4, dtype=dtype, device="openreg").to(torch.float32).to(dtype)
+            converts = True
+        except (RuntimeError, TypeError, NotImplementedError):
+            converts = False
+        assert (dtype in supported) == converts, dtype
+    assert {torch.float32, torch.bfloat16, torch.uint64, torch.float8_e4m3fn} <= supported
     assert torch.openreg.get_device_capability(0) == (1, 0)
 
 

@@ -70,10 +70,33 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return device_count();
   }
 
+  // torch.accelerator.get_device_capability()["supported_dtypes"]: the dtypes
+  // openreg tensors hold and convert, which are CPU's: not the quantized ones
+  // (openreg refuses them), nor the bit-field and sub-byte shells, which no
+  // device converts to or from.
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
     check_device_index(d.index());
-    // Every dtype the CPU kernels handle runs on openreg.
-    return c10::DeviceCapability();
+    c10::DeviceCapability capability;
+#define OPENREG_DROP_UNCONVERTED(_, name)                             \
+  if (!converts(c10::ScalarType::name)) {                             \
+    capability.capability_data.supported_scalar_types.has_##name = 0; \
+  }
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(OPENREG_DROP_UNCONVERTED)
+#undef OPENREG_DROP_UNCONVERTED
+    return capability;
+  }
+
+  static bool converts(c10::ScalarType t) {
+    switch (t) {
+      case c10::ScalarType::UInt1: case c10::ScalarType::UInt2: case c10::ScalarType::UInt3:
+      case c10::ScalarType::UInt4: case c10::ScalarType::UInt5: case c10::ScalarType::UInt6:
+      case c10::ScalarType::UInt7: case c10::ScalarType::Int1: case c10::ScalarType::Int2:
+      case c10::ScalarType::Int3: case c10::ScalarType::Int4: case c10::ScalarType::Int5:
+      case c10::ScalarType::Int6: case c10::ScalarType::Int7: case c10::ScalarType::Float4_e2m1fn_x2:
+        return false;
+      default:
+        return !c10::isQIntType(t) && !c10::isBitsType(t);
+    }
   }
 
   bool queryStream(const c10::Stream& stream) const override {
