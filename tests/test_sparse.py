@@ -145,6 +145,18 @@ def test_constructor_checks_indices_against_the_size_as_cpu_does():
     assert_same(made, torch.sparse_coo_tensor(i, torch.ones(2), (6,), check_invariants=True))
 
 
+def test_constructor_checks_a_claim_of_coalesced_indices_as_cpu_does():
+    size, values = (3, 4, 2), torch.ones(2, 2)
+    coalesced, repeated = torch.tensor([[0, 2], [1, 3]]), torch.tensor([[2, 2], [3, 3]])
+    made = torch.sparse_coo_tensor(coalesced, values, size, device=DEV, is_coalesced=True, check_invariants=True)
+    assert_same(made, torch.sparse_coo_tensor(coalesced, values, size, is_coalesced=True, check_invariants=True))
+    with pytest.raises(RuntimeError, match="cannot set is_coalesced to true") as cpu:
+        torch.sparse_coo_tensor(repeated, values, size, is_coalesced=True, check_invariants=True)
+    with pytest.raises(RuntimeError) as dev:
+        torch.sparse_coo_tensor(repeated, values, size, device=DEV, is_coalesced=True, check_invariants=True)
+    assert str(dev.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_to_sparse_layouts_of_an_openreg_tensor_match_cpu(dtype):
     cpu = dense(4, 6, dtype=dtype)

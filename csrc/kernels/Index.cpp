@@ -190,4 +190,30 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   return launch_index_select(self, dim, index, out);
 }
 
+// flatten_indices_stub: the row-major linear index of each column of a sparse
+// COO tensor's indices over the sparse sizes, which torch's device-generic
+// checks (sparse_coo_tensor(..., is_coalesced=True) with invariant checks) ask
+// of an openreg indices tensor. Computed with openreg operators, as CUDA's
+// kernel computes it on its device. The stub is declared in a torch source,
+// not a header, so the codegen's stub routes cannot name it.
+namespace {
+
+at::Tensor flatten_indices_kernel(const at::Tensor& indices, at::IntArrayRef size) {
+  std::vector<int64_t> strides(size.size());
+  int64_t stride = 1;
+  for (size_t d = size.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= size[d];
+  }
+  const at::Tensor weights = at::tensor(strides, indices.options().dtype(at::kLong)).unsqueeze(1);
+  return indices.mul(weights).sum(0);
+}
+
+} // namespace
 } // namespace openreg::native
+
+namespace at::native {
+using flatten_indices_fn = at::Tensor (*)(const at::Tensor& indices, at::IntArrayRef size);
+DECLARE_DISPATCH(flatten_indices_fn, flatten_indices_stub)
+REGISTER_PRIVATEUSE1_DISPATCH(flatten_indices_stub, &::openreg::native::flatten_indices_kernel)
+} // namespace at::native
