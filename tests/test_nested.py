@@ -111,6 +111,21 @@ def test_unbind_returns_views_of_the_device_memory():
     assert (dev.unbind()[0].cpu() == 7.0).all()
 
 
+@pytest.mark.parametrize("view", ["transpose", "view", "unbind"])
+def test_views_under_inference_mode_of_a_tensor_made_outside_it(view):
+    make = {
+        "transpose": lambda x: x.transpose(-1, -2),
+        "view": lambda x: x.view(2, -1, 2, 2),
+        "unbind": lambda x: x.unbind()[1],
+    }[view]
+    cpu = nested((2, 4), (3, 4))
+    dev = cpu.to(DEV)
+    with torch.inference_mode():
+        expected, got = make(cpu), make(dev)
+    assert got.is_inference() == expected.is_inference()
+    assert_equal(got, expected)
+
+
 def test_elementwise_operators():
     a, b = nested((2, 3), (4, 3)), nested((2, 3), (4, 3), seed=1)
     check(torch.add, a, b)

@@ -482,11 +482,13 @@ std::optional<at::Tensor> CpuKernelCall::converted(const at::Tensor& t) {
   if (viewed != nullptr) {
     // A view of an operand: a view of the operand's device storage, with the
     // operand's dispatch keys (as the ImplType::VIEW constructor expects), or
-    // a dense tensor's for a view of a nested operand's elements (unbind).
-    std::optional<c10::DispatchKeySet> keys;
-    if (!viewed->extra->is_nested()) {
-      keys = viewed->extra->key_set();
-    }
+    // its buffer's for a view of a nested operand's elements (unbind), as
+    // NestedTensorImpl::get_buffer() gives them. A view is an inference
+    // tensor only if its base is, also under torch.inference_mode().
+    const at::Tensor& base = *viewed->extra;
+    const c10::DispatchKeySet keys = base.is_nested()
+        ? at::native::get_nested_tensor_impl(base)->get_unsafe_storage_as_tensor().key_set()
+        : base.key_set();
     return device_tensor_on(
         c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(viewed->device_storage)), t, keys);
   }
@@ -568,8 +570,12 @@ at::Tensor CpuKernelCall::converted_nested(const at::Tensor& t) {
     }
   });
   if (viewed != nullptr) {
-    // A nested view of an operand (detach, a nested view of a dense buffer).
-    return on(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(viewed->device_storage)));
+    // A nested view of an operand (transpose, detach, a nested view of a dense
+    // buffer), made by NestedTensorImpl's view constructor from the operand,
+    // as torch's nested view kernels make theirs.
+    return at::detail::make_tensor<at::native::NestedTensorImpl>(
+        c10::TensorImpl::VIEW, *viewed->extra, cpu_metadata(nt->get_nested_sizes()),
+        cpu_metadata(nt->get_nested_strides()), cpu_metadata(nt->get_storage_offsets()));
   }
   for (const Fresh& f : fresh_) {
     if (f.cpu_storage_impl == cpu) {
