@@ -316,6 +316,7 @@ struct BaddbmmImpl final : at::native::structured_baddbmm_out_cpu {
 
 void mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
   if (out.numel() == 0) {
+    check_out_operands("aten::mm", {{&self, "self"}, {&mat2, "mat2"}}, out);
     return;
   }
   if (blas_addmm(out, out, self, mat2, 0, 1)) {
@@ -335,6 +336,7 @@ void addmm_out(
     const at::Scalar& alpha,
     const at::Tensor& out) {
   if (out.numel() == 0) {
+    check_out_operands("aten::addmm", {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out);
     return;
   }
   const c10::MaybeOwned<at::Tensor> bias = at::expand_size(self, {mat1.size(0), mat2.size(1)}, "addmm_out");
@@ -349,7 +351,11 @@ void addmm_out(
 }
 
 void bmm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
-  if (out.numel() == 0 || small_batched_product<true>(out, self, mat2, 0, 1)) {
+  if (out.numel() == 0) {
+    check_out_operands("aten::bmm", {{&self, "self"}, {&mat2, "mat2"}}, out);
+    return;
+  }
+  if (small_batched_product<true>(out, self, mat2, 0, 1)) {
     return;
   }
   static SeenDtypes seen;
@@ -366,7 +372,11 @@ void baddbmm_out(
     const at::Scalar& alpha,
     const at::Tensor& out) {
   // meta() has copied self into out unless beta is 0 (and out is not self).
-  if (out.numel() == 0 || small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
+  if (out.numel() == 0) {
+    check_out_operands("aten::baddbmm", {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out);
+    return;
+  }
+  if (small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
     return;
   }
   static SeenDtypes seen;

@@ -210,6 +210,7 @@ bool prepare_scatter(const at::Tensor& self, int64_t dim, const at::Tensor& inde
 
 void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparse_grad, const at::Tensor& out) {
   if (index.numel() == 0) {
+    check_out_operands("aten::gather.out", {{&self, "self"}, {&index, "index"}}, out);
     return;
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());

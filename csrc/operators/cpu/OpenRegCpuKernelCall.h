@@ -281,6 +281,19 @@ void run_cpu_out_kernel(
   call.finish();
 }
 
+// launch_out_kernel's checks of its operands, also for an openreg impl() with
+// nothing to launch (an empty result), which checks them first as CUDA's do.
+template <size_t N>
+void check_out_operands(
+    const char* op, const std::pair<const at::Tensor*, const char*> (&inputs)[N], const at::Tensor& out) {
+  CpuKernelCall call(op);
+  for (const auto& [tensor, name] : inputs) {
+    call.note(*tensor, name);
+  }
+  call.note(out, "out", /*written=*/true);
+  call.check();
+}
+
 // An out= kernel launched on the current stream (launch_operands_kernel), for
 // what an openreg kernel leaves to CPU's: kernel(t) runs with t the tensors
 // of out and `inputs`, in that order, and anything else it needs captured by
@@ -295,14 +308,11 @@ void launch_out_kernel(
     const std::pair<const at::Tensor*, const char*> (&inputs)[N],
     const at::Tensor& out,
     Kernel&& kernel) {
-  CpuKernelCall call(op);
+  check_out_operands(op, inputs, out);
   std::array<const at::TensorBase*, N + 1> tensors{&out};
   for (size_t i = 0; i < N; ++i) {
-    call.note(*inputs[i].first, inputs[i].second);
     tensors[i + 1] = inputs[i].first;
   }
-  call.note(out, "out", /*written=*/true);
-  call.check();
   launch_operands_kernel<kCpu>(out.device().index(), op, seen, tensors, std::forward<Kernel>(kernel));
 }
 
