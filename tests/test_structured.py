@@ -149,6 +149,14 @@ def test_binary_promotes_types_like_cpu(name):
 
 
 @pytest.mark.parametrize("numel", [16, 40000])  # below and above the size cast in host memory
+def test_bool_bytes_other_than_one_promote_as_true(numel):
+    raw = torch.tensor([0, 1, 2, 200], dtype=torch.uint8).repeat(numel // 4)
+    for fn in (torch.sin, torch.sqrt, lambda b: torch.atan2(b, b), lambda b: b * 1.5):
+        expected = fn(raw.view(torch.bool))
+        assert_close(fn(raw.to(DEV).view(torch.bool)).cpu(), expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("numel", [16, 40000])  # below and above the size cast in host memory
 def test_promoted_device_inputs_of_every_layout_match_cpu(numel):
     # A stub kernel casts an input of another dtype to the common one (CpuIterator.cpp,
     # recast_keeping_strides): dense ones keep their strides, others are cast over
