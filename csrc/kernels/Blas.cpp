@@ -315,15 +315,16 @@ struct BaddbmmImpl final : at::native::structured_baddbmm_out_cpu {
 } // namespace
 
 void mm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
+  const NamedInput inputs[] = {{&self, "self"}, {&mat2, "mat2"}};
   if (out.numel() == 0) {
-    check_out_operands("aten::mm", {{&self, "self"}, {&mat2, "mat2"}}, out);
+    check_out_operands("aten::mm", inputs, out);
     return;
   }
   if (blas_addmm(out, out, self, mat2, 0, 1)) {
     return;
   }
   static SeenDtypes seen;
-  launch_out_kernel<kCpuTensors>("aten::mm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
+  launch_out_kernel<kCpuTensors>("aten::mm", seen, inputs, out, [](auto& t) {
     at::cpu::mm_out(t[0], t[1], t[2]);
   });
 }
@@ -335,8 +336,9 @@ void addmm_out(
     const at::Scalar& beta,
     const at::Scalar& alpha,
     const at::Tensor& out) {
+  const NamedInput inputs[] = {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}};
   if (out.numel() == 0) {
-    check_out_operands("aten::addmm", {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out);
+    check_out_operands("aten::addmm", inputs, out);
     return;
   }
   const c10::MaybeOwned<at::Tensor> bias = at::expand_size(self, {mat1.size(0), mat2.size(1)}, "addmm_out");
@@ -345,21 +347,22 @@ void addmm_out(
   }
   static SeenDtypes seen;
   launch_out_kernel<kCpuTensors>(
-      "aten::addmm", seen, {{&self, "self"}, {&mat1, "mat1"}, {&mat2, "mat2"}}, out, [beta, alpha](auto& t) {
+      "aten::addmm", seen, inputs, out, [beta, alpha](auto& t) {
         at::cpu::addmm_out(t[0], t[1], t[2], t[3], beta, alpha);
       });
 }
 
 void bmm_out(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
+  const NamedInput inputs[] = {{&self, "self"}, {&mat2, "mat2"}};
   if (out.numel() == 0) {
-    check_out_operands("aten::bmm", {{&self, "self"}, {&mat2, "mat2"}}, out);
+    check_out_operands("aten::bmm", inputs, out);
     return;
   }
   if (small_batched_product<true>(out, self, mat2, 0, 1)) {
     return;
   }
   static SeenDtypes seen;
-  launch_out_kernel<kCpuTensors>("aten::bmm", seen, {{&self, "self"}, {&mat2, "mat2"}}, out, [](auto& t) {
+  launch_out_kernel<kCpuTensors>("aten::bmm", seen, inputs, out, [](auto& t) {
     at::cpu::bmm_out(t[0], t[1], t[2]);
   });
 }
@@ -372,8 +375,9 @@ void baddbmm_out(
     const at::Scalar& alpha,
     const at::Tensor& out) {
   // meta() has copied self into out unless beta is 0 (and out is not self).
+  const NamedInput inputs[] = {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}};
   if (out.numel() == 0) {
-    check_out_operands("aten::baddbmm", {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out);
+    check_out_operands("aten::baddbmm", inputs, out);
     return;
   }
   if (small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
@@ -381,8 +385,7 @@ void baddbmm_out(
   }
   static SeenDtypes seen;
   launch_out_kernel<kCpuTensors>(
-      "aten::baddbmm", seen, {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}}, out,
-      [beta, alpha](auto& t) { BaddbmmImpl().impl(t[1], t[2], t[3], beta, alpha, t[0]); });
+      "aten::baddbmm", seen, inputs, out, [beta, alpha](auto& t) { BaddbmmImpl().impl(t[1], t[2], t[3], beta, alpha, t[0]); });
 }
 
 } // namespace openreg::native

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/util/Load.h>
 
 #include <memory>
 #include <string>
@@ -72,13 +73,9 @@ at::Tensor cast_dense(const at::TensorBase& t, at::ScalarType dtype) {
             dtype, "openreg_cast_to", AT_WRAP([&] {
               auto* dst = static_cast<scalar_t*>(to);
               for (int64_t i = 0; i < n; ++i) {
-                if constexpr (std::is_same_v<from_t, bool>) {
-                  // Any nonzero byte is true (a uint8 tensor viewed as bool),
-                  // as CPU's copy_ reads it.
-                  dst[i] = c10::convert<scalar_t>(static_cast<const uint8_t*>(from)[i] != 0);
-                } else {
-                  dst[i] = c10::convert<scalar_t>(src[i]);
-                }
+                // c10::load: any nonzero byte of a bool is true (a uint8 tensor
+                // viewed as bool), as CPU's copy_ reads it.
+                dst[i] = c10::convert<scalar_t>(c10::load(&src[i]));
               }
             }),
             AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kBool, at::kHalf, at::kBFloat16);

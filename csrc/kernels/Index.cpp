@@ -26,6 +26,7 @@
 #include <ATen/ops/index_select_cpu_dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 
 #include "OpenRegNativeFunctions.h"
 #include "operators/cpu/OpenRegBoxedCpuKernel.h"
@@ -199,13 +200,8 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
 namespace {
 
 at::Tensor flatten_indices_kernel(const at::Tensor& indices, at::IntArrayRef size) {
-  std::vector<int64_t> strides(size.size());
-  int64_t stride = 1;
-  for (size_t d = size.size(); d-- > 0;) {
-    strides[d] = stride;
-    stride *= size[d];
-  }
-  const at::Tensor weights = at::tensor(strides, indices.options().dtype(at::kLong)).unsqueeze(1);
+  const at::Tensor weights =
+      at::tensor(c10::contiguous_strides(size), indices.options().dtype(at::kLong)).unsqueeze(1);
   return indices.mul(weights).sum(0);
 }
 

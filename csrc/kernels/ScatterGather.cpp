@@ -209,14 +209,15 @@ bool prepare_scatter(const at::Tensor& self, int64_t dim, const at::Tensor& inde
 } // namespace
 
 void gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparse_grad, const at::Tensor& out) {
+  const NamedInput inputs[] = {{&self, "self"}, {&index, "index"}};
   if (index.numel() == 0) {
-    check_out_operands("aten::gather.out", {{&self, "self"}, {&index, "index"}}, out);
+    check_out_operands("aten::gather.out", inputs, out);
     return;
   }
   const int64_t d = at::maybe_wrap_dim(dim, self.dim());
   const bool here = moves_here(out, self, index, nullptr);
   static SeenDtypes seen;
-  launch_out_kernel<kDeviceTensors>("aten::gather.out", seen, {{&self, "self"}, {&index, "index"}}, out, [=](auto& t) {
+  launch_out_kernel<kDeviceTensors>("aten::gather.out", seen, inputs, out, [=](auto& t) {
     const at::Tensor &o = t[0], &s = t[1], &i = t[2];
     if (here && indices_in_bounds(i, s.size(d))) {
       AT_DISPATCH_INDEX_TYPES(i.scalar_type(), "openreg_gather", [&] { gather_elements<index_t>(s, d, i, o); });

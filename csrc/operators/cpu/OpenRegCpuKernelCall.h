@@ -259,6 +259,10 @@ class CpuKernelCall {
   std::list<SparseOperand> sparse_operands_;
 };
 
+// An input of an out= kernel (run_cpu_out_kernel, launch_out_kernel), with its
+// name in errors.
+using NamedInput = std::pair<const at::Tensor*, const char*>;
+
 // CPU's out= kernel in the calling thread, on CPU aliases, after the current
 // stream's work: for an `out` the kernel may resize, or an error CPU raises
 // from the operands' layout that must raise at the call. `kernel(out_alias,
@@ -267,7 +271,7 @@ class CpuKernelCall {
 template <typename Kernel>
 void run_cpu_out_kernel(
     const char* op,
-    std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs,
+    std::initializer_list<NamedInput> inputs,
     const at::Tensor& out,
     Kernel&& kernel) {
   CpuKernelCall call(op);
@@ -284,8 +288,7 @@ void run_cpu_out_kernel(
 // launch_out_kernel's checks of its operands, also for an openreg impl() with
 // nothing to launch (an empty result), which checks them first as CUDA's do.
 template <size_t N>
-void check_out_operands(
-    const char* op, const std::pair<const at::Tensor*, const char*> (&inputs)[N], const at::Tensor& out) {
+void check_out_operands(const char* op, const NamedInput (&inputs)[N], const at::Tensor& out) {
   CpuKernelCall call(op);
   for (const auto& [tensor, name] : inputs) {
     call.note(*tensor, name);
@@ -305,7 +308,7 @@ template <bool kCpu, size_t N, typename Kernel>
 void launch_out_kernel(
     const char* op,
     SeenDtypes& seen,
-    const std::pair<const at::Tensor*, const char*> (&inputs)[N],
+    const NamedInput (&inputs)[N],
     const at::Tensor& out,
     Kernel&& kernel) {
   check_out_operands(op, inputs, out);
