@@ -33,6 +33,21 @@ def test_openreg_with_cpu_tensor_is_rejected_where_cuda_rejects_it():
         torch.where(a > 0, a, torch.zeros(3))
 
 
+@pytest.mark.parametrize("cpu_operand", ["A", "B"])
+@pytest.mark.parametrize(
+    "solve",
+    [torch.linalg.solve, lambda a, b: torch.linalg.solve_ex(a, b)[0],
+     lambda a, b: torch.linalg.tensorsolve(a.reshape(3, 1, 3), b)],
+    ids=["solve", "solve_ex", "tensorsolve"],
+)
+def test_a_linear_solve_with_a_cpu_operand_is_rejected(solve, cpu_operand):
+    # Not torch's composite, whose meta() puts the result on B's device and LU on A's.
+    a, b = torch.eye(3, device=DEV), torch.ones(3, device=DEV)
+    a, b = (a.cpu(), b) if cpu_operand == "A" else (a, b.cpu())
+    with pytest.raises(RuntimeError, match=r"same device.*(openreg:0|cpu)"):
+        solve(a, b)
+
+
 def test_an_out_tensor_on_the_cpu_is_rejected_and_left_alone():
     m, a, b = torch.randn(2, 3, device=DEV), torch.randn(2, device=DEV), torch.randn(3, device=DEV)
     out = torch.zeros(2, 3)

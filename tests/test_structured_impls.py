@@ -167,19 +167,24 @@ def test_mm_and_addmm_errors():
     assert torch.equal((a @ a.t()).cpu(), torch.full((2, 2), 3.0))  # the device still works
 
 
-EMPTY_WITH_A_CPU_OPERAND = {  # an empty result still checks its operands' devices first, as on CUDA
-    "mm": lambda d: torch.mm(torch.ones(0, 3, device=d), torch.ones(3, 2)),
-    "addmm": lambda d: torch.addmm(torch.ones(0, 2, device=d), torch.ones(0, 3, device=d), torch.ones(3, 2)),
-    "bmm": lambda d: torch.bmm(torch.ones(0, 2, 3), torch.ones(0, 3, 2, device=d)),
-    "baddbmm": lambda d: torch.baddbmm(torch.ones(2, 0, 2, device=d), torch.ones(2, 0, 3, device=d), torch.ones(2, 3, 2)),
-    "gather": lambda d: torch.gather(torch.ones(3, device=d), 0, torch.ones(0, dtype=torch.long)),
+A_CPU_OPERAND = {  # refused as on CUDA, also where an empty result or a small product returns early
+    "mm, empty": lambda d: torch.mm(torch.ones(0, 3, device=d), torch.ones(3, 2)),
+    "addmm, empty": lambda d: torch.addmm(torch.ones(0, 2, device=d), torch.ones(0, 3, device=d), torch.ones(3, 2)),
+    "bmm, empty": lambda d: torch.bmm(torch.ones(0, 2, 3), torch.ones(0, 3, 2, device=d)),
+    "baddbmm, empty": lambda d: torch.baddbmm(torch.ones(2, 0, 2, device=d), torch.ones(2, 0, 3, device=d), torch.ones(2, 3, 2)),
+    "baddbmm, small, self": lambda d: torch.baddbmm(torch.ones(2, 3, 4), torch.ones(2, 3, 5, device=d), torch.ones(2, 5, 4, device=d)),
+    "baddbmm, small, self, beta=0": lambda d: torch.baddbmm(
+        torch.ones(4), torch.ones(2, 3, 5, device=d), torch.ones(2, 5, 4, device=d), beta=0),
+    "baddbmm, small, self, out=": lambda d: torch.baddbmm(
+        torch.ones(2, 3, 4), torch.ones(2, 3, 5, device=d), torch.ones(2, 5, 4, device=d), out=torch.empty(2, 3, 4, device=d)),
+    "gather, empty": lambda d: torch.gather(torch.ones(3, device=d), 0, torch.ones(0, dtype=torch.long)),
 }
 
 
-@pytest.mark.parametrize("name", list(EMPTY_WITH_A_CPU_OPERAND))
-def test_an_empty_result_with_a_cpu_operand_is_refused(name):
+@pytest.mark.parametrize("name", list(A_CPU_OPERAND))
+def test_a_cpu_operand_is_refused(name):
     with pytest.raises(RuntimeError, match="same device.*openreg:0 and cpu"):
-        EMPTY_WITH_A_CPU_OPERAND[name](DEV)
+        A_CPU_OPERAND[name](DEV)
 
 
 def test_mm_and_addmm_gradients_match_cpu():

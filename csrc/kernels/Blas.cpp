@@ -375,10 +375,14 @@ void baddbmm_out(
     const at::Scalar& alpha,
     const at::Tensor& out) {
   // meta() has copied self into out unless beta is 0 (and out is not self).
+  // The small product reads out (holding self) and the batches: a self on
+  // another device is checked here, as an empty result is.
   const NamedInput inputs[] = {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}};
-  if (out.numel() == 0) {
+  if (out.numel() == 0 || self.device() != out.device()) {
     check_out_operands("aten::baddbmm", inputs, out);
-    return;
+    if (out.numel() == 0) {
+      return;
+    }
   }
   if (small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
     return;
