@@ -665,6 +665,7 @@ ON_ALIASES = {
     "topk.values": lambda t: (t(4, 6), 3, 1),
     "isin.Tensor_Tensor_out": lambda t: (t(4, 6).round(), t(7).round()),
     "isin.Tensor_Scalar_out": lambda t: (t(4, 6).round(), 0.0),
+    "_linalg_solve_ex.result": lambda t: (t(4, 4), t(4, 2)),
 }
 ON_ALIASES_ENTRIES = {str(s.name): s for s in CONFIG.structured if s.route is Route.structured_on_cpu_aliases}
 
