@@ -378,13 +378,11 @@ void baddbmm_out(
   // The small product reads out (holding self) and the batches: a self on
   // another device is checked here, as an empty result is.
   const NamedInput inputs[] = {{&self, "self"}, {&batch1, "batch1"}, {&batch2, "batch2"}};
-  if (out.numel() == 0 || self.device() != out.device()) {
+  const bool empty = out.numel() == 0;
+  if (empty || self.device() != out.device()) {
     check_out_operands("aten::baddbmm", inputs, out);
-    if (out.numel() == 0) {
-      return;
-    }
   }
-  if (small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
+  if (empty || small_batched_product<false>(out, batch1, batch2, beta, alpha)) {
     return;
   }
   static SeenDtypes seen;
