@@ -3,6 +3,9 @@
 with their state on the device, checkpoints, and multi-step parity with CPU."""
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -216,3 +219,37 @@ def test_eval_mode_and_no_grad_inference_match_cpu():
         out = model(x.to(DEV))
     assert not out.requires_grad
     assert_close(out.cpu(), cpu_model(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+THREADS = "['pt_autograd_0', 'pt_autograd_1']"
+AUTOGRAD_THREADS = """
+import os, torch
+from torch_openreg import openreg
+def threads():
+    return sorted(n for n in (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+                  if n.startswith("pt_autograd_"))
+x = torch.ones(3, device="openreg", requires_grad=True)
+{work}
+before = threads()
+openreg._settle_autograd_threads()
+print(before, threads(), len(openreg._SETTLED), [float(t.sum()) for t in openreg._SETTLED[2::3]],
+      torch.ones(1).device.type)  # a default device still holds
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
+@pytest.mark.parametrize("work, expected", [
+    ("(x * 2).sum().backward()", f"{THREADS} {THREADS} 6 [2.0, 2.0] cpu"),
+    ("(x * 2).sum()", "[] [] 0 [] cpu"),
+    ("torch.set_default_device('openreg'); (x * 2).sum().backward()", f"{THREADS} {THREADS} 6 [2.0, 2.0] openreg"),
+], ids=["after_a_backward", "without_one", "under_a_default_device"])
+def test_exit_handler_runs_a_backward_on_each_device_whose_autograd_thread_exists(work, expected):
+    """torch drops a backward's GraphTask, which holds Python objects, on the device's
+    autograd thread, possibly after backward() returned; at the interpreter's
+    finalisation that thread aborts the process. The exit handler waits for each such
+    thread with a backward of its own, and starts none in a process that never ran one."""
+    code = AUTOGRAD_THREADS.replace("{work}", work)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OPENREG_DEVICE_COUNT": "2"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected

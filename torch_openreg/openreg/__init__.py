@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd.variable import Variable
+from torch.utils._python_dispatch import _disable_current_modes
 
 from torch_openreg import _C
 
@@ -180,6 +185,47 @@ def can_device_access_peer(device: Any, peer_device: Any) -> bool:
     for index in (_device_index(device), _device_index(peer_device, optional=False)):
         _C._validate_device_index(index)
     return True
+
+
+# torch's autograd engine runs a backward's device work on a thread per device index
+# (pt_autograd_<index>), which may drop the backward's GraphTask after backward() has
+# returned. Every GraphTask holds Python objects (torch.autograd.backward stores a
+# contextvars.Context in the thread-local state it captures; FSDP2's callbacks), and
+# dropping them takes the GIL: once the interpreter finalises, Python ends a thread
+# that asks for it with pthread_exit, whose unwinding through torch's noexcept frames
+# aborts the process ("terminate called without an active exception"). Before that,
+# a backward on each such device returns only once its thread is done with every
+# earlier one; run through the engine itself, it captures no Python object, and its
+# tensors stay referenced here.
+_SETTLED: list[torch.Tensor] = []
+
+
+@atexit.register
+def _settle_autograd_threads() -> None:
+    if not _C._is_initialized() or _C._is_in_bad_fork():
+        return
+    prefix = "pt_autograd_"
+    try:
+        names = [Path(f"/proc/self/task/{tid}/comm").read_text().strip() for tid in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux, or a thread that ended meanwhile
+        return
+    indices = {int(name[len(prefix):]) for name in names if name.startswith(prefix) and name[len(prefix):].isdigit()}
+    # Torch function modes (torch.set_default_device's) are Python objects too.
+    modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        for index in sorted(i for i in indices if i < device_count()):
+            try:
+                with torch.enable_grad(), _disable_current_modes():
+                    leaf = torch.ones((), device=f"openreg:{index}", requires_grad=True)
+                    loss = leaf * 2
+                    Variable._execution_engine.run_backward((loss,), (torch.ones_like(loss),), False, False, (),
+                                                            True, True)
+                _SETTLED.extend((leaf, loss, leaf.grad))
+            except Exception:  # a device left faulted: nothing to settle on it
+                pass
+    finally:
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)
 
 
 _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
