@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 from pathlib import Path
 from typing import Any
 
@@ -204,11 +203,13 @@ _SETTLED: list[torch.Tensor] = []
 def _settle_autograd_threads() -> None:
     if not _C._is_initialized() or _C._is_in_bad_fork():
         return
-    prefix = "pt_autograd_"
-    try:
-        names = [Path(f"/proc/self/task/{tid}/comm").read_text().strip() for tid in os.listdir("/proc/self/task")]
-    except OSError:  # not Linux, or a thread that ended meanwhile
-        return
+    prefix, tasks = "pt_autograd_", Path("/proc/self/task")
+    names = []
+    for task in tasks.iterdir() if tasks.is_dir() else ():  # Linux only
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
     indices = {int(name[len(prefix):]) for name in names if name.startswith(prefix) and name[len(prefix):].isdigit()}
     # Torch function modes (torch.set_default_device's) are Python objects too.
     modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
