@@ -1,7 +1,9 @@
 import ast
 import contextlib
 import fcntl
+import functools
 import gc
+import inspect
 import json
 import os
 import re
@@ -32,6 +34,22 @@ def _no_kernel_error_left():
     yield
     for device in range(torch.openreg.device_count()):
         torch.openreg.synchronize(device)
+
+
+COUNTS_MEMORY = re.compile(r"memory_(allocated|reserved|stats)")
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_before_counting_memory(request):
+    """Earlier tests' reference cycles may hold device memory, which the
+    collector would otherwise free in the middle of a test that counts it."""
+    if request.function is not None and COUNTS_MEMORY.search(_function_source(request.function)):
+        gc.collect()
+
+
+@functools.cache
+def _function_source(function) -> str:
+    return inspect.getsource(function)
 
 
 @pytest.fixture(autouse=True, scope="session")
