@@ -54,9 +54,9 @@ def describe(inbox, results) -> None:
     _report(results, run)
 
 
-def describe_argument(x, results) -> None:
-    """Reports the values and device of a tensor passed as the process's argument."""
-    _report(results, lambda: {"device": str(x.device), "values": x.cpu().tolist()})
+def describe_arguments(results, *tensors) -> None:
+    """Reports the values and device of each tensor passed as the process's arguments."""
+    _report(results, lambda: [{"device": str(x.device), "values": x.cpu().tolist()} for x in tensors])
 
 
 def writer(inbox, results, control) -> None:

@@ -122,11 +122,16 @@ def test_tensor_arrives_with_its_values_size_stride_offset_and_device(children, 
     assert not got["requires_grad"]
 
 
-def test_tensor_passed_as_a_process_argument_arrives(children):
+def test_tensors_passed_as_process_arguments_arrive(children):
+    # Storages of one device share its memory file: a new process gets it once per tensor.
     x = torch.arange(5, dtype=torch.float64, device="openreg:1")
     results = children.queue()
-    children.start(ipc_workers.describe_argument, x, results)
-    assert result(results) == {"device": "openreg:1", "values": [0.0, 1.0, 2.0, 3.0, 4.0]}
+    children.start(ipc_workers.describe_arguments, results, x, x + 1, x[1:3])
+    assert result(results) == [
+        {"device": "openreg:1", "values": [0.0, 1.0, 2.0, 3.0, 4.0]},
+        {"device": "openreg:1", "values": [1.0, 2.0, 3.0, 4.0, 5.0]},
+        {"device": "openreg:1", "values": [1.0, 2.0]},
+    ]
 
 
 def test_leaf_that_requires_grad_arrives_as_a_leaf_that_requires_grad(spawned):

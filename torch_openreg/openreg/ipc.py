@@ -42,8 +42,8 @@ from torch_openreg import _C
 
 __all__ = ["ipc_collect"]
 
-# Sends whose receivers may still hold the memory (_C._IpcSentStorage, each
-# holding its storage).
+# Sends whose receivers may still hold the memory: (_C._IpcSentStorage, each
+# holding its storage; the descriptor a new process inherits for it, or None).
 _sent: list = []
 _sent_lock = threading.Lock()
 
@@ -65,7 +65,13 @@ def ipc_collect() -> None:
     caching allocator. It does not wait for receivers that still hold theirs.
     """
     with _sent_lock:
-        _sent[:] = [sent for sent in _sent if not sent.released()]
+        kept, released = [], []
+        for entry in _sent:
+            (released if entry[0].released() else kept).append(entry)
+        _sent[:] = kept
+    for _, inherited in released:
+        if inherited is not None:
+            os.close(inherited)
     with _storages_lock:
         for key in [key for key, ref in _storages.items() if ref.expired()]:
             del _storages[key]
@@ -157,9 +163,13 @@ def _reduce_storage(storage: torch.UntypedStorage):
     # before the send must have run (CUDA sends an event to wait for instead).
     torch.openreg.synchronize(device)
     sent = _C._ipc_export(storage)
+    inherited = None
     if context.get_spawning_popen() is not None:
-        # The count file stays open until ipc_collect drops this send.
-        fds = _ChildFdPair(sent.fd, sent.counter_fd)
+        # A descriptor of the memory file per send: storages of one device share
+        # the file, and a new process refuses a descriptor passed twice. It and
+        # the count file stay open until ipc_collect drops this send.
+        inherited = os.dup(sent.fd)
+        fds = _ChildFdPair(inherited, sent.counter_fd)
     else:
         try:
             fds = _FdPair(sent.fd, sent.counter_fd)  # duplicates them
@@ -167,7 +177,7 @@ def _reduce_storage(storage: torch.UntypedStorage):
             sent.close_counter_fd()
     ipc_collect()
     with _sent_lock:
-        _sent.append(sent)
+        _sent.append((sent, inherited))
     key = _key(sent.process, sent.memory, sent.offset + sent.base + sent.storage_offset, sent.nbytes)
     with _storages_lock:
         _storages[key] = StorageWeakRef(storage)
