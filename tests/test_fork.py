@@ -62,7 +62,11 @@ def initialised():
     assert torch.openreg.is_initialized()
 
 
-BAD_FORK = "RuntimeError: Cannot re-initialize openreg in a forked subprocess"
+# The words of torch.cuda's error, which PyTorch's device-generic tests match.
+BAD_FORK = (
+    "RuntimeError: Cannot re-initialize openreg in forked subprocess. "
+    "To use openreg with multiprocessing, you must use the 'spawn' start method"
+)
 
 
 # --- a child forked after the parent initialised openreg ---------------------------

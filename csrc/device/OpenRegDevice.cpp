@@ -26,7 +26,7 @@ void ensure_initialized() {
   if (initialized.load(std::memory_order_acquire)) {
     TORCH_CHECK(
         !in_bad_fork.load(std::memory_order_relaxed),
-        "Cannot re-initialize openreg in a forked subprocess. To use openreg with multiprocessing, "
+        "Cannot re-initialize openreg in forked subprocess. To use openreg with multiprocessing, "
         "you must use the 'spawn' start method (torch.multiprocessing.set_start_method('spawn')).");
     return;
   }
