@@ -22,8 +22,8 @@ def test_device_index_follows_set_device_index_and_context():
     assert torch.accelerator.current_device_index() == 1
 
 
-def test_set_device_index_out_of_range_is_an_index_error():
-    with pytest.raises(IndexError, match="out of range.*OPENREG_DEVICE_COUNT"):
+def test_set_device_index_out_of_range_is_a_runtime_error_as_on_cuda():
+    with pytest.raises(RuntimeError, match="The device index is out of range: openreg:5.*OPENREG_DEVICE_COUNT"):
         torch.accelerator.set_device_index(5)
 
 
@@ -61,7 +61,7 @@ def test_device_properties_and_name():
     assert props.name == torch.openreg.get_device_name(1) == "openreg simulated device"
     assert props.total_memory > 0 and props.multi_processor_count >= 1
     assert "total_memory=8192MB" in repr(props)
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(RuntimeError, match="out of range"):
         torch.openreg.get_device_properties(7)
 
 

@@ -304,9 +304,9 @@ def test_failed_stream_context_leaves_device_and_stream_unchanged(recovers, devi
 
 
 def test_stream_of_a_device_that_does_not_exist(recovers):
-    with pytest.raises(IndexError, match="openreg device index 7 is out of range.*OPENREG_DEVICE_COUNT"):
+    with pytest.raises(RuntimeError, match="device index is out of range: openreg:7.*OPENREG_DEVICE_COUNT"):
         bad_stream(7, 1).query()
-    with pytest.raises(IndexError, match="openreg device index 5 is out of range"):
+    with pytest.raises(RuntimeError, match="device index is out of range: openreg:5"):
         torch.openreg.Stream(device=5)
     with pytest.raises(ValueError, match="expected an openreg device, got cpu"):
         torch.openreg.Stream(device="cpu")

@@ -88,7 +88,7 @@ def test_fallback_error_names_the_operator_and_argument():
     ],
 )
 def test_device_index_out_of_range(make):
-    with pytest.raises(IndexError, match=r"openreg device index \d is out of range.*2 openreg devices.*OPENREG_DEVICE_COUNT"):
+    with pytest.raises(RuntimeError, match=r"device index is out of range: openreg:\d.*2 openreg devices.*OPENREG_DEVICE_COUNT"):
         make()
     assert torch.ones(1, device=DEV).item() == 1
 

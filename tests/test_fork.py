@@ -62,10 +62,10 @@ def initialised():
     assert torch.openreg.is_initialized()
 
 
-# The words of torch.cuda's error, which PyTorch's device-generic tests match.
+# torch.cuda's words, with the device's name as PyTorch's tests of its OpenReg write it.
 BAD_FORK = (
-    "RuntimeError: Cannot re-initialize openreg in forked subprocess. "
-    "To use openreg with multiprocessing, you must use the 'spawn' start method"
+    "RuntimeError: Cannot re-initialize OpenReg in forked subprocess. "
+    "To use OpenReg with multiprocessing, you must use the 'spawn' start method"
 )
 
 

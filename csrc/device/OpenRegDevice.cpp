@@ -26,7 +26,7 @@ void ensure_initialized() {
   if (initialized.load(std::memory_order_acquire)) {
     TORCH_CHECK(
         !in_bad_fork.load(std::memory_order_relaxed),
-        "Cannot re-initialize openreg in forked subprocess. To use openreg with multiprocessing, "
+        "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with multiprocessing, "
         "you must use the 'spawn' start method (torch.multiprocessing.set_start_method('spawn')).");
     return;
   }
@@ -73,9 +73,10 @@ void check_device_index(c10::DeviceIndex index) {
 
 void validate_device_index(c10::DeviceIndex index) {
   const auto count = device_count();
-  TORCH_CHECK_INDEX(
+  // A RuntimeError, as CUDA's "invalid device ordinal".
+  TORCH_CHECK(
       index >= 0 && index < count,
-      "openreg device index ", static_cast<int>(index), " is out of range: this process has ",
+      "The device index is out of range: openreg:", static_cast<int>(index), ", and this process has ",
       static_cast<int>(count), " openreg device", count == 1 ? "" : "s", " (openreg:0 to openreg:",
       static_cast<int>(count) - 1, "). Use a smaller index, or set OPENREG_DEVICE_COUNT before "
       "starting Python to simulate more devices.");

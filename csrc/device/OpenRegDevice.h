@@ -19,7 +19,7 @@ c10::DeviceIndex current_device();
 // RNG setters need, as torch.cuda's defer initialisation).
 c10::DeviceIndex peek_current_device() noexcept;
 void set_device(c10::DeviceIndex index);
-// Throws IndexError-like c10::Error naming the valid range when out of range.
+// Throws a c10::Error (RuntimeError) naming the valid range when out of range.
 void check_device_index(c10::DeviceIndex index);
 // The same check without initialising openreg (generators, as CUDA's, do not).
 void validate_device_index(c10::DeviceIndex index);

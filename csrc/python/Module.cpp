@@ -540,7 +540,7 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("_validate_device_index", [](int index) {
     openreg::validate_device_index(static_cast<c10::DeviceIndex>(index));
-  }, "IndexError naming the valid range unless the index is in it; does not initialise openreg.");
+  }, "RuntimeError naming the valid range unless the index is in it; does not initialise openreg.");
   m.def("_get_device_properties", &device_properties);
   m.def("_stream_priority", [](int64_t stream_id, int device_index) {
     return openreg::stream_priority(openreg::make_stream(static_cast<c10::DeviceIndex>(device_index), stream_id));
