@@ -347,5 +347,7 @@ def test_storage_type_is_the_devices_legacy_storage_class_as_on_cuda():
             assert storage_type.dtype == dtype
             assert isinstance(torch.zeros(2, dtype=dtype, device="openreg").storage(), storage_type)
             assert not isinstance(torch.zeros(2, dtype=dtype).storage(), storage_type)
+            # as torch.cuda.FloatStorage is named: TypedStorage.type()
+            assert torch.zeros(2, dtype=dtype, device="openreg").storage().type() == f"torch.openreg.{name}"
         made = torch.openreg.FloatStorage(3)
         assert made.device.type == "openreg" and made.dtype == torch.float32 and made.size() == 3

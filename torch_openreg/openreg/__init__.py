@@ -295,10 +295,11 @@ __all__ += diagnostics.__all__ + memory.__all__ + random.__all__ + streams.__all
 
 diagnostics._apply_environment()
 
-# torch.openreg.FloatStorage and its kind, which Tensor.storage_type() returns.
+# torch.openreg.FloatStorage and its kind, which Tensor.storage_type() returns; named
+# from torch.openreg, as torch.cuda.FloatStorage is (TypedStorage.type(), pickles).
 from torch_openreg.openreg._storage import legacy_storage_classes  # noqa: E402
 
-globals().update(legacy_storage_classes(__name__))
+globals().update(legacy_storage_classes("torch.openreg"))
 
 # torch.multiprocessing shares openreg tensors as CUDA IPC shares CUDA ones (ipc.py).
 from torch_openreg.openreg import ipc  # noqa: E402
