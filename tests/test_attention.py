@@ -174,11 +174,35 @@ def test_inputs_on_two_devices_raise_the_device_error():
         F.scaled_dot_product_attention(q.to(DEV), k, v.to(DEV))
 
 
-def test_overrideable_backward_refuses_a_mask_gradient():
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_overrideable_backward_computes_the_gradient_of_an_additive_mask(is_causal, dtype):
+    """A direct call may ask for attn_bias's gradient (grad_input_mask[3]); the
+    reference is autograd through softmax(q k^T * scale + mask) v on CPU."""
+    q, k, v = qkv(q_len=6, dim=8)
+    mask = make_mask("broadcast", q, k)  # broadcast over the heads
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
+    scores = leaves[0] @ leaves[1].transpose(-2, -1) / 8**0.5 + leaves[3]
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    expected = torch.autograd.grad(scores.softmax(-1) @ leaves[2], leaves, grad_out)
+
+    q, k, v, mask, grad_out = (t.to(DEV, dtype) for t in (q, k, v, mask, grad_out))
+    out, lse, *_, seed, offset, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        q, k, v, mask, is_causal=is_causal)
+    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad_out, q, k, v, mask, [True, True, True, True], out, lse, None, None, 6, 6, 0.0, is_causal, seed, offset)
+    tolerance = {} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for got, want in zip(grads, expected, strict=True):
+        assert got.dtype == dtype and got.shape == want.shape
+        torch.testing.assert_close(got.cpu().float(), want, **tolerance)
+
+
+def test_overrideable_backward_refuses_a_mask_gradient_without_a_float_mask():
     q, k, v = (t.to(DEV) for t in qkv())
     out, lse, *rest = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v)
-    mask = torch.zeros(16, 16, device=DEV)
-    with pytest.raises(RuntimeError, match="gradient of attn_bias"):
+    with pytest.raises(RuntimeError, match=r"gradient of attn_bias, which needs a floating point attn_bias \(got none\)"):
         torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
-            out, q, k, v, mask, [True, True, True, True], out, lse, None, None, 16, 16, 0.0, False, None, None
+            out, q, k, v, None, [True, True, True, True], out, lse, None, None, 16, 16, 0.0, False, None, None
         )

@@ -19,7 +19,12 @@
 // (launch_cpu_kernel, OpenRegBoxedCpuKernel.h), whose results' geometry the
 // first call of each shape learns. CPU's forward operator is tagged as
 // drawing random numbers (its dropout_p), which is never queued; without
-// dropout it draws none.
+// dropout it draws none. The gradient of an additive mask, which only a direct
+// call of the backward asks for, is computed with device operators.
+#include <cmath>
+#include <limits>
+
+#include <ATen/ExpandUtils.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
@@ -101,6 +106,42 @@ scaled_dot_product_fused_attention_overrideable(
   return results(call.result(std::move(output)), call.result(std::move(logsumexp)));
 }
 
+namespace {
+
+// The gradient of an additive attn_bias, which CPU's flash attention does not
+// compute: that of the scores it is added to, dS = P * (dP - rowsum(dP * P))
+// with P = softmax(scores) and dP = grad_out @ value^T, summed over the
+// dimensions attn_bias was broadcast in. Device operators, in float for
+// reduced precision inputs.
+at::Tensor attn_bias_grad(
+    const at::Tensor& grad_out,
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    const at::Tensor& attn_bias,
+    bool is_causal,
+    std::optional<double> scale) {
+  TORCH_CHECK(
+      attn_bias.defined() && attn_bias.is_floating_point(),
+      "_scaled_dot_product_fused_attention_overrideable_backward: grad_input_mask[3] asks for the gradient of "
+      "attn_bias, which needs a floating point attn_bias (got ",
+      attn_bias.defined() ? c10::toString(attn_bias.scalar_type()) : "none", ")");
+  const at::ScalarType compute = at::isReducedFloatingType(query.scalar_type()) ? at::kFloat : query.scalar_type();
+  const double scale_factor = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+  at::Tensor scores = at::matmul(query.to(compute), key.to(compute).transpose(-2, -1));
+  scores.mul_(scale_factor).add_(attn_bias.to(compute));
+  if (is_causal) {
+    const at::Tensor keep = at::ones({query.size(-2), key.size(-2)}, query.options().dtype(at::kBool)).tril();
+    scores.masked_fill_(keep.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor probs = at::softmax(scores, -1);
+  const at::Tensor dprobs = at::matmul(grad_out.to(compute), value.to(compute).transpose(-2, -1));
+  const at::Tensor dscores = probs.mul(dprobs.sub(dprobs.mul(probs).sum(-1, /*keepdim=*/true)));
+  return at::sum_to(dscores, attn_bias.sizes()).to(attn_bias.scalar_type());
+}
+
+} // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fused_attention_overrideable_backward(
     const at::Tensor& grad_out,
     const at::Tensor& query,
@@ -120,12 +161,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fu
     const at::Tensor& /*philox_offset*/,
     std::optional<double> scale) {
   // fused_sdp_choice never picks this route for a mask that needs a gradient
-  // (CPU's choice takes the math path then).
-  TORCH_CHECK(
-      !grad_input_mask[3],
-      "_scaled_dot_product_fused_attention_overrideable_backward on openreg: the gradient of attn_bias is not "
-      "computed by the fused kernel (CPU's flash attention); scaled_dot_product_attention takes the math path "
-      "for a mask that requires grad");
+  // (CPU's choice takes the math path then); a direct call may ask for it.
+  at::Tensor grad_attn_bias =
+      grad_input_mask[3] ? attn_bias_grad(grad_out, query, key, value, attn_bias, is_causal, scale) : at::Tensor();
   const std::optional<at::Tensor> mask = attn_bias.defined() ? std::optional<at::Tensor>(attn_bias) : std::nullopt;
   CpuKernelCall call("aten::_scaled_dot_product_fused_attention_overrideable_backward");
   call.note(grad_out, "grad_out");
@@ -140,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> scaled_dot_product_fu
         grad_input_mask[0] ? std::move(grad_query) : at::Tensor(),
         grad_input_mask[1] ? std::move(grad_key) : at::Tensor(),
         grad_input_mask[2] ? std::move(grad_value) : at::Tensor(),
-        at::Tensor());
+        std::move(grad_attn_bias));
   };
   if (call.may_queue()) {
     using Backward = at::_ops::_scaled_dot_product_flash_attention_for_cpu_backward;
