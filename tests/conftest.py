@@ -49,7 +49,10 @@ def _collect_garbage_before_counting_memory(request):
 
 @functools.cache
 def _function_source(function) -> str:
-    return inspect.getsource(function)
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):  # made at run time: no source to read
+        return ""
 
 
 @pytest.fixture(autouse=True, scope="session")
