@@ -175,7 +175,6 @@ def _bytes_shown(cell, exact):
 
 def test_memory_summary_has_cuda_s_table_and_follows_the_allocations():
     torch.openreg.synchronize(1)
-    gc.collect()
     torch.openreg.reset_peak_memory_stats(1)
     t = torch.empty(8 * MiB, dtype=torch.uint8, device="openreg:1")
     summary = torch.openreg.memory_summary(1)
@@ -483,7 +482,6 @@ def device_used(device=0):
 
 
 def test_with_caching_disabled_memory_goes_back_when_the_tensor_goes():
-    gc.collect()
     torch.openreg.empty_cache()
     reserved, used = torch.openreg.memory_reserved(), device_used()
     with torch.openreg.caching_allocator_disabled():
